@@ -1,0 +1,3 @@
+from calculet.cli import main
+
+raise SystemExit(main())
