@@ -1,0 +1,72 @@
+"""A small ONNX graph builder: readable node names, shared external weights, inline constants.
+
+Node names follow a namespace such as `/model/layers.0/attn/q_proj/MatMul`, so a profile or an
+op inventory points straight at the module it came from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import ModelProto, helper, numpy_helper
+
+from calculet.compiler.weights import WeightStore, make_value_info
+
+OPSET = 21
+MS_DOMAIN = "com.microsoft"
+
+
+class GraphBuilder:
+    def __init__(self, name: str, weights: WeightStore, target: str = "cpu"):
+        self.name = name
+        self.weights = weights
+        self.target = target  # "cpu" may use ONNX Runtime contrib ops; "portable" may not
+        self._nodes = []
+        self._inputs = []
+        self._outputs = []
+        self._initializers = {}
+        self._consts = {}
+        self._count = 0
+
+    # --- graph interface -------------------------------------------------------------------
+    def input(self, name: str, dtype, shape) -> str:
+        self._inputs.append(make_value_info(name, dtype, shape))
+        return name
+
+    def output(self, value: str, name: str, dtype, shape) -> None:
+        if value != name:
+            self.op("Identity", [value], name=f"/outputs/{name}", outputs=[name])
+        self._outputs.append(make_value_info(name, dtype, shape))
+
+    def weight(self, name: str) -> str:
+        """Reference a tensor of the shared weight store (external data in weights.bin)."""
+        if name not in self._initializers:
+            self._initializers[name] = self.weights.external_initializer(name)
+        return name
+
+    def const(self, value, dtype=np.int64, name: str | None = None) -> str:
+        """A small inline constant (shapes, axes, epsilons); identical values are shared."""
+        array = np.asarray(value, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        if key not in self._consts:
+            cname = name or f"/const/{len(self._consts)}"
+            self._consts[key] = numpy_helper.from_array(array, cname)
+        return self._consts[key].name
+
+    def op(self, op_type: str, inputs: list[str], *, name: str, outputs: list[str] | None = None,
+           n_out: int = 1, domain: str = "", **attrs) -> str | list[str]:
+        if outputs is None:
+            outputs = [f"{name}/output_{i}" for i in range(n_out)]
+        self._nodes.append(helper.make_node(op_type, inputs, outputs, name=name, domain=domain or None, **attrs))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def build(self) -> ModelProto:
+        graph = helper.make_graph(
+            self._nodes, self.name, self._inputs, self._outputs,
+            initializer=list(self._consts.values()) + list(self._initializers.values()),
+        )
+        opsets = [helper.make_opsetid("", OPSET)]
+        if any(n.domain == MS_DOMAIN for n in self._nodes):
+            opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="calculet")
+        model.ir_version = 10
+        return model

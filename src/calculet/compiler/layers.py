@@ -1,0 +1,94 @@
+"""Building blocks shared by every family: norms, linears, MLPs and attention with in-place KV.
+
+Shapes in comments: L = lanes in this graph, S = tokens per lane in this graph, H = hidden size,
+N = query heads, Nkv = KV heads, D = head dim, C = context (KV buffer length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
+
+
+def rmsnorm(g: GraphBuilder, x: str, weight: str, eps: float, scope: str) -> str:
+    """y = x / sqrt(mean(x^2) + eps) * w over the last axis (weight already holds any +1 offset)."""
+    w = g.weight(weight)
+    if g.target == "cpu":
+        return g.op("SimplifiedLayerNormalization", [x, w], name=f"{scope}/SimplifiedLayerNorm",
+                    axis=-1, epsilon=float(eps), stash_type=1)
+    sq = g.op("Mul", [x, x], name=f"{scope}/Square")
+    mean = g.op("ReduceMean", [sq, g.const([-1])], name=f"{scope}/ReduceMean", keepdims=1)
+    var = g.op("Add", [mean, g.const(eps, np.float32)], name=f"{scope}/AddEps")
+    inv = g.op("Reciprocal", [g.op("Sqrt", [var], name=f"{scope}/Sqrt")], name=f"{scope}/Reciprocal")
+    return g.op("Mul", [g.op("Mul", [x, inv], name=f"{scope}/Normalize"), w], name=f"{scope}/Scale")
+
+
+def head_rmsnorm(g: GraphBuilder, x: str, heads: int, head_dim: int, weight: str, eps: float, scope: str) -> str:
+    """RMSNorm over each head: [L, S, heads*D] -> [L, S, heads, D] -> norm -> [L, S, heads*D]."""
+    split = g.op("Reshape", [x, g.const([0, 0, heads, head_dim])], name=f"{scope}/SplitHeads")
+    normed = rmsnorm(g, split, weight, eps, scope)
+    return g.op("Reshape", [normed, g.const([0, 0, heads * head_dim])], name=f"{scope}/MergeHeads")
+
+
+def linear(g: GraphBuilder, x: str, weight: str, scope: str, bias: str | None = None) -> str:
+    """x [.., in] @ W [in, out] (+ b)."""
+    y = g.op("MatMul", [x, g.weight(weight)], name=f"{scope}/MatMul")
+    if bias is not None:
+        y = g.op("Add", [y, g.weight(bias)], name=f"{scope}/BiasAdd")
+    return y
+
+
+def gated_mlp(g: GraphBuilder, x: str, prefix: str, activation: str, scope: str) -> str:
+    """down(act(gate(x)) * up(x)); activation is "silu" or "gelu_tanh"."""
+    gate = linear(g, x, f"{prefix}.gate_proj.weight", f"{scope}/gate_proj")
+    up = linear(g, x, f"{prefix}.up_proj.weight", f"{scope}/up_proj")
+    if activation == "silu":
+        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], name=f"{scope}/act/Sigmoid")], name=f"{scope}/act/Mul")
+    elif activation == "gelu_tanh":
+        act = g.op("Gelu", [gate], name=f"{scope}/act/Gelu", approximate="tanh")
+    else:
+        raise ValueError(f"unknown activation {activation!r}")
+    hidden = g.op("Mul", [act, up], name=f"{scope}/GateMulUp")
+    return linear(g, hidden, f"{prefix}.down_proj.weight", f"{scope}/down_proj")
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """Graph-level tensors every attention layer reads."""
+    seqlens_k: str          # int32 [L]: each lane's total length after this step, minus one
+    total_seq_len: str      # int32 scalar: the longest lane's total length
+    rope: dict              # layer type ("full"/"sliding") -> (cos name, sin name), each [C, D/2]
+
+
+def kv_names(layer: int) -> tuple[str, str, str, str]:
+    return (f"past_key.{layer}", f"past_value.{layer}", f"present_key.{layer}", f"present_value.{layer}")
+
+
+def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, ctx: AttentionInputs, scope: str) -> str:
+    """Grouped-query attention with RoPE and an in-place KV update.
+
+    q [L, S, N*D], k/v [L, S, Nkv*D]; past/present K/V [L, Nkv, C, D] are bound to the same buffer
+    by the runtime, so the op writes this step's K/V at each lane's position and copies nothing else.
+    Sliding layers pass local_window_size = window: token i sees keys j with i - j < window.
+    """
+    past_k, past_v, present_k, present_v = kv_names(layer)
+    layer_type = spec.layer_types[layer]
+    cos, sin = ctx.rope[layer_type]
+    window = spec.sliding_window if layer_type == "sliding" else -1
+    out = g.op(
+        "GroupQueryAttention",
+        [q, k, v, past_k, past_v, ctx.seqlens_k, ctx.total_seq_len, cos, sin],
+        name=f"{scope}/GroupQueryAttention",
+        outputs=[f"{scope}/attn_output", present_k, present_v],
+        domain=MS_DOMAIN,
+        num_heads=spec.num_heads,
+        kv_num_heads=spec.num_kv_heads,
+        scale=float(spec.attn_scale),
+        local_window_size=int(window),
+        do_rotary=1,
+        rotary_interleaved=0,
+    )
+    return out[0]

@@ -1,0 +1,101 @@
+"""One copy of the weights: a flat, 64-byte aligned `weights.bin` shared by every graph.
+
+Graphs reference each tensor as ONNX external data (location, offset, length) into the same file,
+and the runtime memory-maps the file once and hands the same buffers to every session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper
+
+ALIGN = 64
+WEIGHTS_FILE = "weights.bin"
+
+_NP_TO_ONNX = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.int64): TensorProto.INT64,
+}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: str          # numpy dtype name
+    shape: tuple[int, ...]
+    offset: int         # bytes from the start of weights.bin
+    nbytes: int
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "offset": self.offset, "nbytes": self.nbytes}
+
+
+class WeightStore:
+    """Ordered name -> array; lays tensors out with alignment and writes them once."""
+
+    def __init__(self):
+        self._arrays: dict[str, np.ndarray] = {}
+        self._entries: dict[str, TensorEntry] = {}
+        self._size = 0
+
+    def add(self, name: str, array: np.ndarray) -> None:
+        if name in self._arrays:
+            raise ValueError(f"weight {name!r} added twice")
+        array = np.ascontiguousarray(array)
+        offset = -(-self._size // ALIGN) * ALIGN
+        self._arrays[name] = array
+        self._entries[name] = TensorEntry(name, array.dtype.name, tuple(array.shape), offset, array.nbytes)
+        self._size = offset + array.nbytes
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._arrays
+
+    def array(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def entry(self, name: str) -> TensorEntry:
+        return self._entries[name]
+
+    @property
+    def entries(self) -> list[TensorEntry]:
+        return list(self._entries.values())
+
+    @property
+    def nbytes(self) -> int:
+        return self._size
+
+    def external_initializer(self, name: str) -> TensorProto:
+        e = self._entries[name]
+        t = TensorProto()
+        t.name = name
+        t.data_type = _NP_TO_ONNX[np.dtype(e.dtype)]
+        t.dims.extend(e.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", WEIGHTS_FILE), ("offset", str(e.offset)), ("length", str(e.nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        return t
+
+    def write(self, path: Path, progress=None) -> None:
+        with open(path, "wb") as f:
+            for e in self._entries.values():
+                f.seek(e.offset)
+                f.write(self._arrays[e.name].tobytes())
+                if progress is not None:
+                    progress.update(e.nbytes)
+            f.truncate(self._size)
+
+
+def onnx_dtype(np_dtype) -> int:
+    return _NP_TO_ONNX[np.dtype(np_dtype)]
+
+
+def make_value_info(name: str, np_dtype, shape) -> "helper.ValueInfoProto":
+    return helper.make_tensor_value_info(name, onnx_dtype(np_dtype), list(shape))

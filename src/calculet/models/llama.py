@@ -1,0 +1,104 @@
+"""Llama family: Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm).
+
+Per layer (pre-norm):
+    x = x + o_proj(attn(rope(qk_norm?(q_proj(n))), rope(qk_norm?(k_proj(n))), v_proj(n)))   n = norm_in(x)
+    x = x + down(silu(gate(m)) * up(m))                                                     m = norm_post(x)
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from calculet.compiler import layers
+from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, linear_weight, require
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def parse_config(config: dict) -> ModelSpec:
+    model_type = config["model_type"]
+    hidden = int(require(config, "hidden_size"))
+    heads = int(require(config, "num_attention_heads"))
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    layers_n = int(require(config, "num_hidden_layers"))
+    rope = RopeSpec.from_hf(config.get("rope_parameters") or config.get("rope_scaling"), config.get("rope_theta"))
+    window = config.get("sliding_window") if (model_type == "mistral" or config.get("use_sliding_window")) else None
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        from calculet.errors import ModelError
+        raise ModelError("unsupported_activation", f"hidden_act {act!r} is not supported for {model_type}; supported: silu")
+    return ModelSpec(
+        family="llama",
+        model_type=model_type,
+        vocab_size=int(require(config, "vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(require(config, "intermediate_size")),
+        num_layers=layers_n,
+        num_heads=heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        layer_types=tuple("sliding" if window else "full" for _ in range(layers_n)),
+        rope_full=rope,
+        rope_sliding=rope if window else None,
+        sliding_window=int(window) if window else None,
+        attn_scale=head_dim ** -0.5,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
+        qk_norm=model_type == "qwen3",
+        max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+        bos_token_id=config.get("bos_token_id"),
+        eos_token_ids=eos_ids(config),
+        pad_token_id=config.get("pad_token_id"),
+    )
+
+
+def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]]:
+    """HF tensors -> initializers: Linear weights transposed to [in, out]; norms as they are."""
+    yield "model.embed_tokens.weight", get_tensor(tensors, "model.embed_tokens.weight")
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        yield f"{p}.input_layernorm.weight", get_tensor(tensors, f"{p}.input_layernorm.weight")
+        yield f"{p}.post_attention_layernorm.weight", get_tensor(tensors, f"{p}.post_attention_layernorm.weight")
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            yield f"{p}.self_attn.{proj}.weight", linear_weight(tensors, f"{p}.self_attn.{proj}.weight")
+        if spec.qkv_bias:
+            for proj in ("q_proj", "k_proj", "v_proj"):
+                yield f"{p}.self_attn.{proj}.bias", get_tensor(tensors, f"{p}.self_attn.{proj}.bias")
+        if spec.qk_norm:
+            yield f"{p}.self_attn.q_norm.weight", get_tensor(tensors, f"{p}.self_attn.q_norm.weight")
+            yield f"{p}.self_attn.k_norm.weight", get_tensor(tensors, f"{p}.self_attn.k_norm.weight")
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            yield f"{p}.mlp.{proj}.weight", linear_weight(tensors, f"{p}.mlp.{proj}.weight")
+    yield "model.norm.weight", get_tensor(tensors, "model.norm.weight")
+    if not spec.tie_word_embeddings:
+        yield "lm_head.weight", get_tensor(tensors, "lm_head.weight")  # [V, H], used with transB
+
+
+def embed(g, spec: ModelSpec, input_ids: str) -> str:
+    return g.op("Gather", [g.weight("model.embed_tokens.weight"), input_ids], name="/model/embed_tokens/Gather", axis=0)
+
+
+def build_layer(g, spec: ModelSpec, i: int, x: str, ctx: layers.AttentionInputs) -> str:
+    p, s = f"model.layers.{i}", f"/model/layers.{i}"
+    eps = spec.rms_norm_eps
+    n = layers.rmsnorm(g, x, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
+    bias = (lambda proj: f"{p}.self_attn.{proj}.bias") if spec.qkv_bias else (lambda proj: None)
+    q = layers.linear(g, n, f"{p}.self_attn.q_proj.weight", f"{s}/attn/q_proj", bias("q_proj"))
+    k = layers.linear(g, n, f"{p}.self_attn.k_proj.weight", f"{s}/attn/k_proj", bias("k_proj"))
+    v = layers.linear(g, n, f"{p}.self_attn.v_proj.weight", f"{s}/attn/v_proj", bias("v_proj"))
+    if spec.qk_norm:
+        q = layers.head_rmsnorm(g, q, spec.num_heads, spec.head_dim, f"{p}.self_attn.q_norm.weight", eps, f"{s}/attn/q_norm")
+        k = layers.head_rmsnorm(g, k, spec.num_kv_heads, spec.head_dim, f"{p}.self_attn.k_norm.weight", eps, f"{s}/attn/k_norm")
+    a = layers.attention(g, spec, i, q, k, v, ctx, f"{s}/attn")
+    o = layers.linear(g, a, f"{p}.self_attn.o_proj.weight", f"{s}/attn/o_proj")
+    x = g.op("Add", [x, o], name=f"{s}/attn/ResidualAdd")
+    m = layers.rmsnorm(g, x, f"{p}.post_attention_layernorm.weight", eps, f"{s}/post_attention_layernorm")
+    mlp = layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp")
+    return g.op("Add", [x, mlp], name=f"{s}/mlp/ResidualAdd")
+
+
+def lm_head_weight(spec: ModelSpec) -> str:
+    return "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
