@@ -1,0 +1,281 @@
+"""Capacity planner: will this model, at these lanes × context, fit on these chips?
+
+    plan_capacity(hparams, PlanRequest(...)) -> PlanReport
+
+Per chip it adds up
+    parameters (by module and storage format, plan_params / plan_quant)
+  + KV cache   = layers × kv_heads_per_chip × 2 × head_dim × context × lanes × bytes per element
+  + workspace  = the larger of one decode step (all lanes) and one prefill chunk (one lane)
+  + step I/O   = inputs and outputs (logits) of one decode step and one prefill chunk
+and compares the sum with the device memory less a guard (safety margin). It also searches the
+largest lanes at the requested context and the largest context at the requested lanes that fit.
+The compiler reuses `kv_cache_bytes` and `summarize_params` for its memory plan.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from calculet.calbin.plan_hparams import ModelHParams
+from calculet.calbin.plan_params import ParamSummary, Sharding, shard, summarize_params
+from calculet.calbin.plan_quant import FLOAT_BYTES, POLICY_DESCRIPTIONS, weight_policy
+from calculet.calbin.plan_units import MAX_DEVICE_BYTES, MIN_DEVICE_BYTES, human_bytes
+from calculet.errors import RequestError
+
+KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+ACT_DTYPES = FLOAT_BYTES
+MAX_LANES = 1 << 16
+MAX_CONTEXT = 1 << 24
+MAX_CHIPS = 1024
+MAX_GUARD_FRACTION = 0.9
+# Per-step inputs: input_ids int64, position_ids int64 per token; seqlens_k int32 per lane;
+# total_sequence_length int32 once.
+_INPUT_BYTES_PER_TOKEN = 8 + 8
+_INPUT_BYTES_PER_LANE = 4
+_INPUT_BYTES_FIXED = 4
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    lanes: int                        # batch rows of the decode graph
+    context: int                      # KV positions per lane
+    device_memory_bytes: int          # per chip
+    chips: int = 1                    # tensor-parallel degree
+    kv_dtype: str = "bf16"
+    weights: str = "default"          # weight policy name, see plan_quant.POLICIES
+    block_size: int = 32              # int4 block size
+    activation_dtype: str = "bf16"
+    logits_dtype: str = "bf16"
+    prefill_chunk: int = 512          # tokens per prefill step
+    guard_fraction: float = 0.10      # share of device memory held back
+
+    def __post_init__(self) -> None:
+        for name, limit in (("lanes", MAX_LANES), ("context", MAX_CONTEXT), ("chips", MAX_CHIPS),
+                            ("prefill_chunk", MAX_CONTEXT)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+                raise RequestError("bad_argument", f"{name} must be an integer from 1 to {limit:,}, "
+                                   f"got {value!r}")
+        _check_choice("kv dtype", self.kv_dtype, KV_DTYPES)
+        _check_choice("activation dtype", self.activation_dtype, ACT_DTYPES)
+        _check_choice("logits dtype", self.logits_dtype, ACT_DTYPES)
+        weight_policy(self.weights, self.block_size)  # raises on an unknown policy or block size
+        if not MIN_DEVICE_BYTES <= self.device_memory_bytes <= MAX_DEVICE_BYTES:
+            raise RequestError("bad_size", f"device memory {self.device_memory_bytes:,} B is out of "
+                               f"range; allowed {human_bytes(MIN_DEVICE_BYTES)} to "
+                               f"{human_bytes(MAX_DEVICE_BYTES)}")
+        if not 0.0 <= self.guard_fraction <= MAX_GUARD_FRACTION:
+            raise RequestError("bad_argument", f"guard must be from 0% to "
+                               f"{MAX_GUARD_FRACTION:.0%} of device memory, got {self.guard_fraction:.1%}")
+
+
+def _check_choice(what: str, value: str, allowed: dict) -> None:
+    if value not in allowed:
+        raise RequestError("unknown_dtype", f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class KvPlan:
+    dtype: str
+    layers: int
+    kv_heads: int
+    kv_heads_per_chip: int
+    head_dim: int
+    context: int
+    lanes: int
+    bytes_per_token_per_chip: int     # one position of one lane, all layers, this chip
+    bytes_total: int                  # the whole cache, each KV head counted once
+    bytes_per_chip: int               # includes replicated KV heads
+
+
+@dataclass(frozen=True)
+class StepIO:
+    tokens: int                       # tokens the step processes
+    inputs_bytes: int                 # ids, positions, sequence lengths
+    logits_bytes: int                 # rows that emit logits × vocab × logits dtype
+    outputs_bytes: int                # all outputs; the KV cache is written in place, so = logits
+
+
+@dataclass(frozen=True)
+class Workspace:
+    decode_bytes: int                 # one decode step over all lanes
+    prefill_bytes: int                # one prefill chunk of one lane
+    bytes: int                        # the larger of the two
+
+
+@dataclass(frozen=True)
+class Budget:
+    device_memory_bytes: int
+    guard_bytes: int
+    usable_bytes: int                 # device memory less the guard
+    weights_bytes: int
+    kv_bytes: int
+    workspace_bytes: int
+    io_bytes: int                     # decode step and prefill chunk buffers, both allocated
+    required_bytes: int
+    headroom_bytes: int               # usable - required; negative when it does not fit
+
+
+@dataclass(frozen=True)
+class Fit:
+    fits: bool
+    max_lanes_at_context: int         # 0: not even one lane fits at this context
+    max_context_at_lanes: int         # 0: no context fits at these lanes
+    context_limited_by: str           # "memory" or "max_position_embeddings"
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    source: str
+    hparams: ModelHParams
+    request: PlanRequest
+    params: ParamSummary
+    kv: KvPlan
+    decode: StepIO
+    prefill: StepIO
+    workspace: Workspace
+    budget: Budget
+    fit: Fit
+    assumptions: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def kv_cache_bytes(hp: ModelHParams, lanes: int, context: int, kv_dtype: str, kv_heads: int) -> int:
+    """layers × kv_heads × 2 (K and V) × head_dim × context × lanes × bytes per element."""
+    return (hp.num_hidden_layers * kv_heads * 2 * hp.head_dim * context * lanes
+            * KV_DTYPES[kv_dtype])
+
+
+def step_io(hp: ModelHParams, tokens: int, lanes: int, logit_rows: int, logits_dtype: str) -> StepIO:
+    inputs = tokens * _INPUT_BYTES_PER_TOKEN + lanes * _INPUT_BYTES_PER_LANE + _INPUT_BYTES_FIXED
+    logits = logit_rows * hp.vocab_size * ACT_DTYPES[logits_dtype]
+    return StepIO(tokens, inputs, logits, logits)
+
+
+def workspace_bytes(hp: ModelHParams, sh: Sharding, tokens: int, context: int, act: str) -> int:
+    """Upper bound on one layer's live intermediates per chip for `tokens` tokens at `context`."""
+    a, t, hd, c = ACT_DTYPES[act], tokens, hp.head_dim, sh.chips
+    q_c, kv_c = sh.q_heads_per_chip * hd, sh.kv_heads_per_chip * hd
+    hidden = 3 * t * hp.hidden_size * a                 # residual, normed input, partial sum
+    qkv = t * (q_c + 2 * kv_c) * a
+    scores = sh.q_heads_per_chip * t * context * 4      # [heads, tokens, context] fp32
+    attn_out = t * q_c * a
+    mlp = 0
+    if not hp.moe or len(hp.moe.sparse_layers) < hp.num_hidden_layers:
+        mlp = 3 * t * -(-hp.intermediate_size // c) * a  # gate, up, gate·up
+    if hp.moe:
+        moe = hp.moe
+        routed = 3 * t * moe.experts_per_token * -(-moe.expert_intermediate_size // c) * a
+        mlp = max(mlp, routed + t * moe.num_experts * 4)  # + router logits fp32
+    return hidden + qkv + scores + attn_out + mlp
+
+
+def plan_capacity(hp: ModelHParams, request: PlanRequest, source: str = "") -> PlanReport:
+    """The full per-chip memory plan for `request`, with the largest lanes / context that fit."""
+    r = request
+    sh = shard(hp, r.chips)
+    policy = weight_policy(r.weights, r.block_size)
+    params = summarize_params(hp, sh, policy)
+    guard = int(r.device_memory_bytes * r.guard_fraction)
+    usable = r.device_memory_bytes - guard
+    budget_for = _budget_function(hp, sh, r, params.bytes_per_chip)
+
+    kv_total = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, hp.num_key_value_heads)
+    kv_chip = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, sh.kv_heads_per_chip)
+    kv = KvPlan(r.kv_dtype, hp.num_hidden_layers, hp.num_key_value_heads, sh.kv_heads_per_chip,
+                hp.head_dim, r.context, r.lanes,
+                kv_cache_bytes(hp, 1, 1, r.kv_dtype, sh.kv_heads_per_chip), kv_total, kv_chip)
+    chunk = min(r.prefill_chunk, r.context)
+    decode = step_io(hp, r.lanes, r.lanes, r.lanes, r.logits_dtype)
+    prefill = step_io(hp, chunk, 1, 1, r.logits_dtype)
+    ws_decode = workspace_bytes(hp, sh, r.lanes, r.context, r.activation_dtype)
+    ws_prefill = workspace_bytes(hp, sh, chunk, r.context, r.activation_dtype)
+    workspace = Workspace(ws_decode, ws_prefill, max(ws_decode, ws_prefill))
+    required = budget_for(r.lanes, r.context)
+    budget = Budget(r.device_memory_bytes, guard, usable, params.bytes_per_chip, kv_chip,
+                    workspace.bytes, decode.inputs_bytes + decode.outputs_bytes
+                    + prefill.inputs_bytes + prefill.outputs_bytes, required, usable - required)
+    assert required == (budget.weights_bytes + budget.kv_bytes + budget.workspace_bytes
+                        + budget.io_bytes), "budget terms must add up"
+
+    max_lanes = _largest(lambda n: budget_for(n, r.context) <= usable, MAX_LANES)
+    model_max = hp.max_position_embeddings
+    memory_ctx = _largest(lambda n: budget_for(r.lanes, n) <= usable, MAX_CONTEXT)
+    limited_by = "memory"
+    if model_max and memory_ctx > model_max:
+        memory_ctx, limited_by = model_max, "max_position_embeddings"
+    fit = Fit(required <= usable, max_lanes, memory_ctx, limited_by)
+    return PlanReport(source, hp, r, params, kv, decode, prefill, workspace, budget, fit,
+                      _assumptions(hp, sh, r, chunk), _warnings(hp, r))
+
+
+def _budget_function(hp: ModelHParams, sh: Sharding, r: PlanRequest,
+                     weights: int) -> Callable[[int, int], int]:
+    """required bytes per chip as a function of (lanes, context); increasing in both."""
+    def required(lanes: int, context: int) -> int:
+        chunk = min(r.prefill_chunk, context)
+        decode = step_io(hp, lanes, lanes, lanes, r.logits_dtype)
+        prefill = step_io(hp, chunk, 1, 1, r.logits_dtype)
+        work = max(workspace_bytes(hp, sh, lanes, context, r.activation_dtype),
+                   workspace_bytes(hp, sh, chunk, context, r.activation_dtype))
+        return (weights + kv_cache_bytes(hp, lanes, context, r.kv_dtype, sh.kv_heads_per_chip)
+                + work + decode.inputs_bytes + decode.outputs_bytes
+                + prefill.inputs_bytes + prefill.outputs_bytes)
+    return required
+
+
+def _largest(ok: Callable[[int], bool], limit: int) -> int:
+    """Largest n in 1..limit with ok(n), for a monotone ok; 0 when ok(1) is false."""
+    if not ok(1):
+        return 0
+    lo, hi = 1, limit  # ok(lo) holds
+    if ok(hi):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def _assumptions(hp: ModelHParams, sh: Sharding, r: PlanRequest, chunk: int) -> tuple[str, ...]:
+    notes = list(sh.notes)
+    if r.chips > 1:
+        notes.append("q/k/v split by head, o_proj by input; MLP and each expert split along the FFN "
+                     "width; embeddings and lm_head split by vocabulary rows; norms and routers "
+                     "replicated")
+    if hp.moe:
+        notes.append(f"all {hp.moe.num_experts} experts resident on every chip "
+                     f"({len(hp.moe.sparse_layers)} of {hp.num_hidden_layers} layers routed); "
+                     f"{hp.moe.experts_per_token} active per token")
+    notes += [
+        f"KV cache: static {r.kv_dtype} buffer of the full context for every layer and lane, "
+        "updated in place" + (" (sliding-window layers are not trimmed)" if hp.sliding_window else ""),
+        f"workspace: one layer's intermediates live at once, attention scores [heads, tokens, "
+        f"context] in fp32 (unfused attention, an upper bound); the larger of one decode step over "
+        f"{r.lanes} lane(s) and one prefill chunk of {chunk} tokens",
+        f"logits: {r.logits_dtype}, gathered to the full vocabulary on every chip (an upper bound); "
+        "a prefill chunk emits logits for its last token only",
+        "inputs per step: input_ids and position_ids int64 per token, seqlens_k int32 per lane, "
+        "total_sequence_length int32; decode and prefill buffers are both allocated",
+        f"guard: {r.guard_fraction:.0%} of device memory held back for the runtime, execution "
+        "provider context and allocator fragmentation",
+        "active parameters per token count the whole embedding and lm_head, as model cards do",
+    ]
+    notes.append(f"weights {r.weights}: {POLICY_DESCRIPTIONS[r.weights]}")
+    return tuple(notes)
+
+
+def _warnings(hp: ModelHParams, r: PlanRequest) -> tuple[str, ...]:
+    out = []
+    if hp.max_position_embeddings and r.context > hp.max_position_embeddings:
+        out.append(f"context {r.context:,} exceeds the model's max_position_embeddings "
+                   f"{hp.max_position_embeddings:,}")
+    if hp.sliding_window and r.context < hp.sliding_window:
+        out.append(f"context {r.context:,} is below the sliding window {hp.sliding_window:,}; "
+                   f"static KV buffers must hold at least the window")
+    return tuple(out)

@@ -1,0 +1,72 @@
+"""Human-readable table for a `PlanReport` (JSON comes from `PlanReport.to_json`).
+
+Every size is printed as exact bytes plus a binary human form: `2,013,265,920 B (1.875 GiB)`.
+"""
+
+from __future__ import annotations
+
+from calculet.calbin.plan import KV_DTYPES, PlanReport
+from calculet.calbin.plan_units import show_bytes
+
+
+def _count(n: int) -> str:
+    return f"{n:,} ({n / 1e9:.2f} B)" if n >= 1e9 else f"{n:,} ({n / 1e6:.1f} M)"
+
+
+def render_text(rep: PlanReport) -> str:
+    hp, r, p, kv, b, fit = rep.hparams, rep.request, rep.params, rep.kv, rep.budget, rep.fit
+    lines = [f"capacity plan: {hp.architecture}" + (f"  ({rep.source})" if rep.source else "")]
+    lines.append(f"model      hidden {hp.hidden_size:,} · {hp.num_hidden_layers} layers · "
+                 f"{hp.num_attention_heads} heads, {hp.num_key_value_heads} KV head(s) · head_dim "
+                 f"{hp.head_dim} · vocab {hp.vocab_size:,}"
+                 + (" · tied embeddings" if hp.tie_word_embeddings else ""))
+    if hp.moe:
+        lines.append(f"           MoE: {hp.moe.num_experts} experts, {hp.moe.experts_per_token} per "
+                     f"token, expert FFN {hp.moe.expert_intermediate_size:,}, "
+                     f"{len(hp.moe.sparse_layers)} routed layers")
+    lines.append(f"           parameters {_count(p.total_params)} total, "
+                 f"{_count(p.active_params_per_token)} active per token")
+    lines.append(f"request    {r.lanes:,} lane(s) × context {r.context:,} · {r.chips} chip(s) · "
+                 f"weights {r.weights} · KV {r.kv_dtype} · {show_bytes(r.device_memory_bytes)} "
+                 f"per chip")
+    lines.append("")
+    lines.append(f"{'per chip':<28}{'dtype':<16}{'params':>16}   bytes")
+    for row in p.rows:
+        lines.append(f"  {row.module:<26}{row.dtype:<16}{row.params_per_chip:>16,}   "
+                     f"{show_bytes(row.bytes_per_chip)}")
+    lines.append(f"  {'parameters':<26}{'':<16}{p.params_per_chip:>16,}   {show_bytes(b.weights_bytes)}")
+    lines.append(f"  {'KV cache':<42}{'':>16}   {show_bytes(b.kv_bytes)}")
+    lines.append(f"      = {kv.layers} layers × {kv.kv_heads_per_chip} KV head(s) × 2 × {kv.head_dim} × "
+                 f"{kv.context:,} context × {kv.lanes:,} lanes × {KV_DTYPES[kv.dtype]} B ({kv.dtype})"
+                 f"; whole cache, each KV head once: {show_bytes(kv.bytes_total)}")
+    lines.append(f"  {'workspace':<42}{'':>16}   {show_bytes(b.workspace_bytes)}")
+    lines.append(f"      decode step {show_bytes(rep.workspace.decode_bytes)}, prefill chunk "
+                 f"{show_bytes(rep.workspace.prefill_bytes)}")
+    lines.append(f"  {'step I/O':<42}{'':>16}   {show_bytes(b.io_bytes)}")
+    for name, io in (("decode step", rep.decode), (f"prefill chunk ({rep.prefill.tokens} tokens)",
+                                                   rep.prefill)):
+        lines.append(f"      {name}: inputs {show_bytes(io.inputs_bytes)}, outputs "
+                     f"{show_bytes(io.outputs_bytes)}, of which logits {show_bytes(io.logits_bytes)}")
+    lines.append(f"  {'required':<42}{'':>16}   {show_bytes(b.required_bytes)}")
+    lines.append(f"  {'device memory':<42}{'':>16}   {show_bytes(b.device_memory_bytes)}")
+    lines.append(f"  {f'guard ({r.guard_fraction:.0%})':<42}{'':>16}   {show_bytes(b.guard_bytes)}")
+    lines.append(f"  {'usable':<42}{'':>16}   {show_bytes(b.usable_bytes)}")
+    lines.append("")
+    if fit.fits:
+        lines.append(f"FITS: needs {show_bytes(b.required_bytes)} per chip of "
+                     f"{show_bytes(b.usable_bytes)} usable; headroom {show_bytes(b.headroom_bytes)}")
+    else:
+        lines.append(f"DOES NOT FIT: needs {show_bytes(b.required_bytes)} per chip but only "
+                     f"{show_bytes(b.usable_bytes)} is usable; short by {show_bytes(-b.headroom_bytes)}")
+    lines.append(f"largest lanes at context {r.context:,}: {fit.max_lanes_at_context:,}"
+                 + (" (not even one lane fits)" if not fit.max_lanes_at_context else ""))
+    lines.append(f"largest context at {r.lanes:,} lane(s): {fit.max_context_at_lanes:,}"
+                 + (f" (limited by {fit.context_limited_by})" if fit.max_context_at_lanes
+                    else " (no context fits)"))
+    lines.append("")
+    lines.append("assumptions:")
+    lines += [f"  - {note}" for note in rep.assumptions]
+    if rep.warnings:
+        lines.append("warnings:")
+        lines += [f"  ! {note}" for note in rep.warnings]
+    return "\n".join(lines)
