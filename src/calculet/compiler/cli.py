@@ -1,0 +1,29 @@
+"""`calculet compile [SOURCE] -o OUT.calbin --lanes B --context C --prefill-chunks 16,128`."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compile", help="compile a HF folder or GGUF file (default: the embedded Gemma 3 270M) into a calbin",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("source", nargs="?", default=None, help="Hugging Face folder or .gguf file; omit for the embedded default model")
+    p.add_argument("-o", "--output", required=True, help="output calbin folder (e.g. model.calbin)")
+    p.add_argument("--lanes", type=int, default=8, help="decode batch lanes (KV slots)")
+    p.add_argument("--context", type=int, default=1024, help="context length per lane (KV buffer length)")
+    p.add_argument("--prefill-chunks", default="16,128", help="comma-separated prefill chunk sizes")
+    p.add_argument("--target", default="cpu", help="graph target: cpu")
+    p.add_argument("--weights", default="fp32", help="weight policy: fp32")
+    p.add_argument("--no-golden", action="store_true", help="skip the reference run that records golden/")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions, parse_chunks
+
+    options = CompileOptions(lanes=args.lanes, context=args.context, prefill_chunks=parse_chunks(args.prefill_chunks),
+                             target=args.target, weights=args.weights, golden=not args.no_golden)
+    compile_calbin(args.source, args.output, options)
+    return 0

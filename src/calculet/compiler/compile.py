@@ -1,0 +1,130 @@
+"""compile: source -> calbin folder. Steps: read source, spec, weights, graphs, golden, plan, manifest.
+
+Everything is written into a temporary folder beside the output and renamed at the end, so a
+failure never leaves a half-written calbin.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from calculet import __version__
+from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, KVLayout, Manifest, Profile, sha256_file,
+                                      write_manifest)
+from calculet.compiler import graphs as G
+from calculet.compiler.memory_plan import build_memory_plan
+from calculet.compiler.options import CompileOptions
+from calculet.compiler.tokenizer import tokenizer_info
+from calculet.compiler.weights import WEIGHTS_FILE, WeightStore
+from calculet.errors import ModelError
+from calculet.models import family_for
+from calculet.sources.base import SourceModel
+from calculet.sources.resolve import load_source
+
+
+def _progress(total: int, desc: str, unit: str = "it", **kw):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, mininterval=0.5, delay=1.0, **kw)
+
+
+def _toolchain() -> dict:
+    import onnxruntime
+    return {"calculet": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "numpy": np.__version__, "python": platform.python_version()}
+
+
+def compile_calbin(source_path: str | None, out: str | Path, options: CompileOptions, log=print) -> Path:
+    out = Path(out)
+    t0 = time.perf_counter()
+    source = load_source(source_path)
+    family = family_for(source.config)
+    spec = family.parse_config(source.config)
+    if options.target == "cpu" and spec.head_dim % 16:
+        raise ModelError("unsupported_head_dim", f"head_dim {spec.head_dim} is not a multiple of 16, which ONNX Runtime's CPU GroupQueryAttention needs")
+    profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)))
+    log(f"compiling {spec.model_type} ({spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}) "
+        f"from {source.kind} {source.path}: lanes {profile.lanes}, context {profile.context}, chunks {list(profile.prefill_chunks)}")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o755)
+    try:
+        _write_calbin(tmp, source, family, spec, profile, options, log)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log(f"wrote {out} in {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Profile, options: CompileOptions, log) -> None:
+    (folder / "graphs").mkdir()
+    tok = tokenizer_info(source, spec)
+    (folder / "tokenizer.json").write_text(source.tokenizer_json)
+
+    weights = WeightStore()
+    names = list(source.tensors)
+    with _progress(len(names), "load weights", "tensor") as bar:
+        for name, array in family.prepare_weights(spec, source.tensors):
+            weights.add(name, array)
+            bar.update(1)
+    rope = G.add_rope_tables(spec, profile.context, weights)
+    with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
+        weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
+
+    signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks)
+    for gs in signatures:
+        onnx.save_model(G.build_graph(spec, family, gs, weights, rope, options.target), str(folder / gs.file))
+
+    kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim, True)
+    graphs = [gs.to_json() for gs in signatures]
+    golden = _golden(folder, source, spec, tok, profile, options, log)
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION,
+        target=options.target,
+        model={"family": spec.family, "model_type": spec.model_type, "hyperparameters": spec.to_json(),
+               "source": {"kind": source.kind, "path": source.path, "sha256": source.source_sha256}},
+        tokenizer=tok,
+        profile=profile,
+        graphs=graphs,
+        kv=kv,
+        weights={"file": f"graphs/{WEIGHTS_FILE}", "bytes": weights.nbytes, "layout": "MatMul weights [in, out]; embeddings and lm_head [vocab, hidden]",
+                 "tensors": [e.to_json() for e in weights.entries]},
+        quantization={"policy": options.weights, "modules": {e.name: e.dtype for e in weights.entries}},
+        memory_plan=build_memory_plan(spec, kv, weights.nbytes, graphs),
+        golden=golden,
+        toolchain=_toolchain(),
+    )
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    with _progress(sum(p.stat().st_size for p in files), "hash files", "B", unit_scale=True) as bar:
+        for p in files:
+            manifest.files[str(p.relative_to(folder))] = FileEntry(p.stat().st_size, sha256_file(p))
+            bar.update(p.stat().st_size)
+    write_manifest(manifest, folder)
+
+
+def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, log) -> dict | None:
+    if not options.golden:
+        return None
+    try:
+        from calculet.reference import golden as golden_mod
+        import torch  # noqa: F401  (the reference extra)
+    except ImportError:
+        log("golden/ skipped: install the reference extra (pip install -e '.[reference]') to record reference outputs")
+        return None
+    prompts = golden_mod.golden_prompt_ids(source.tokenizer_json, tok.bos_token_id if tok.add_bos_token else None,
+                                           spec.vocab_size, spec.sliding_window, profile.context)
+    with _progress(len(prompts), "golden (reference run)", "prompt") as bar:
+        golden = golden_mod.make_golden(source, prompts, n_tokens=options.golden_tokens, topk=10, progress=bar)
+    golden_mod.write_golden(golden, folder / "golden")
+    return {"file": "golden/golden.json", "prompts": len(golden.prompts), "tokens": options.golden_tokens}

@@ -1,0 +1,201 @@
+"""Device: the strict runtime API over one ONNX Runtime execution provider.
+
+    device = Device(DeviceConfig("cpu"))
+    program = device.load("model.calbin")          # verify manifest + sizes (full_hash=True: SHA-256)
+    device.configure(program)                      # sessions, KV lanes, IO bindings
+    lane = device.lanes.allocate()
+    h = device.submit(PrefillJob(lane, tokens))    # returns at once
+    result = device.wait(h, timeout=5.0)           # logits + phase timings, or a typed error
+
+Jobs run one at a time on a worker thread, in submission order. Every failure becomes a
+`CalculetError` delivered through `wait`; nothing here exits the process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+
+import numpy as np
+
+from calculet.errors import CalculetError, DeviceError, ModelError, RequestError
+from calculet.runtime.bindings import Binding
+from calculet.runtime.chunking import graph_for
+from calculet.runtime.faults import FaultPlan
+from calculet.runtime.jobs import DecodeJob, JobHandle, JobResult, PhaseTimings, PrefillJob
+from calculet.runtime.lanes import Lanes
+from calculet.runtime.program import DeviceConfig, Program
+
+
+class Device:
+    def __init__(self, config: DeviceConfig | None = None, faults: FaultPlan | None = None):
+        self.config = config or DeviceConfig()
+        self.faults = faults if faults is not None else FaultPlan.from_env()
+        self.program: Program | None = None
+        self.lanes: Lanes | None = None
+        self._bindings: dict[tuple[str, int], Binding] = {}
+        self._queue: queue.Queue[JobHandle | None] = queue.Queue()
+        self._ids = itertools.count()
+        self._worker: threading.Thread | None = None
+        self.healthy = False
+
+    # --- set-up --------------------------------------------------------------------------
+    def load(self, path, full_hash: bool = False) -> Program:
+        return Program(path, full_hash=full_hash)
+
+    def configure(self, program: Program) -> None:
+        program.open_sessions(self.config)
+        self.program = program
+        self.lanes = Lanes(program.manifest.kv)
+        self._bindings = {}
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._loop, name="calculet-device", daemon=True)
+            self._worker.start()
+        self.healthy = True
+
+    def reset(self) -> None:
+        """After a device error: rebuild sessions and bindings, forget every lane."""
+        self.healthy = False
+        program = self.program
+        if program is None:
+            raise ModelError("not_configured", "reset() before configure(): load and configure a calbin first")
+        program.open_sessions(self.config)
+        self.lanes.reset_all()
+        self._bindings = {}
+        self.healthy = True
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=5)
+            self._worker = None
+
+    # --- jobs ----------------------------------------------------------------------------
+    def submit(self, job: PrefillJob | DecodeJob) -> JobHandle:
+        """Queue a job and return at once. Request errors found now are raised now."""
+        if self.program is None:
+            raise ModelError("not_configured", "submit() before configure(): load and configure a calbin first")
+        self._check_tokens(job.tokens)
+        if isinstance(job, PrefillJob):
+            if not job.tokens:
+                raise RequestError("empty_prompt", "a prefill job needs at least one token")
+            self._check_lane(job.lane)
+        else:
+            if not job.lanes or len(job.lanes) != len(job.tokens):
+                raise RequestError("bad_job", f"a decode job needs one token per lane, got {len(job.lanes)} lanes and {len(job.tokens)} tokens")
+            if len(set(job.lanes)) != len(job.lanes):
+                raise RequestError("bad_job", f"decode job lanes must be distinct, got {job.lanes}")
+            for lane in job.lanes:
+                self._check_lane(lane)
+        handle = JobHandle(job=job, id=next(self._ids), submitted_at=time.perf_counter())
+        self._queue.put(handle)
+        return handle
+
+    def wait(self, handle: JobHandle, timeout: float | None = None) -> JobResult:
+        if not handle._done.wait(timeout):
+            raise DeviceError("wait_timeout", f"job {handle.id} ({handle.job.kind}) did not finish within {timeout} s")
+        if handle._error is not None:
+            raise handle._error
+        return handle._result
+
+    def run(self, job, timeout: float | None = None) -> JobResult:
+        return self.wait(self.submit(job), timeout)
+
+    # --- worker --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            handle = self._queue.get()
+            if handle is None:
+                return
+            started = time.perf_counter()
+            try:
+                result = self._execute(handle.job, queued=started - handle.submitted_at)
+                handle._finish(result=result)
+            except CalculetError as exc:
+                if isinstance(exc, DeviceError):
+                    self.healthy = False
+                handle._finish(error=exc)
+            except Exception as exc:  # an execution-provider failure: never let it kill the worker
+                self.healthy = False
+                handle._finish(error=DeviceError("device_run_failed", f"{handle.job.kind} job failed on the device: {exc}"))
+
+    def _execute(self, job, queued: float) -> JobResult:
+        if self.faults is not None and self.faults.should_fail(job.kind):
+            raise DeviceError("injected_fault", f"injected {job.kind} failure ({self.faults.kind}:{self.faults.after})")
+        if isinstance(job, PrefillJob):
+            return self._prefill(job, queued)
+        return self._decode(job.lanes, job.tokens, queued)
+
+    def _prefill(self, job: PrefillJob, queued: float) -> JobResult:
+        lanes, program = self.lanes, self.program
+        start, n, context = lanes.length(job.lane), len(job.tokens), lanes.context
+        if start + n > context:
+            raise RequestError("context_overflow", f"lane {job.lane}: {start} tokens + {n} new exceed the context of {context}")
+        size = graph_for(n, start, program.chunk_sizes, context)
+        if size is None:
+            if n == 1:  # at the very end of the context only the decode graph's single-token write fits
+                return self._decode((job.lane,), job.tokens, queued)
+            raise RequestError("chunk_does_not_fit", f"{n} tokens at position {start} fit no prefill graph "
+                               f"(chunks {program.chunk_sizes}, context {context}); split them with plan_chunks")
+        t0 = time.perf_counter()
+        b = self._binding(f"prefill_{size}", job.lane)
+        ids = b.inputs["input_ids"]
+        ids.fill(0)
+        ids[0, :n] = job.tokens
+        b.inputs["seqlens_k"][0] = start + size - 1
+        b.inputs["total_seq_len"][...] = start + size
+        b.inputs["last_index"][0] = n - 1
+        t1 = time.perf_counter()
+        b.run()
+        t2 = time.perf_counter()
+        logits = b.logits.copy()
+        t3 = time.perf_counter()
+        lanes.advance(job.lane, n)
+        return JobResult(logits, PhaseTimings(queued, t1 - t0, t2 - t1, t3 - t2, f"prefill_{size}", size))
+
+    def _decode(self, job_lanes: tuple[int, ...], tokens: tuple[int, ...], queued: float) -> JobResult:
+        lanes, context = self.lanes, self.lanes.context
+        for lane in job_lanes:
+            if lanes.length(lane) >= context:
+                raise RequestError("context_overflow", f"lane {lane} is full: {lanes.length(lane)} tokens = the context of {context}")
+        t0 = time.perf_counter()
+        b = self._binding("decode", 0)
+        ids, seqlens = b.inputs["input_ids"], b.inputs["seqlens_k"]
+        ids.fill(0)
+        # Rows not in this job still get a write: aim it at their next free position, which the
+        # lane's next real step overwrites (free lanes: position 0).
+        for lane in range(lanes.count):
+            seqlens[lane] = min(lanes.length(lane), context - 1) if lanes.in_use(lane) else 0
+        rows = np.asarray(job_lanes)
+        ids[rows, 0] = tokens
+        b.inputs["total_seq_len"][...] = int(seqlens.max()) + 1
+        t1 = time.perf_counter()
+        b.run()
+        t2 = time.perf_counter()
+        logits = b.logits[rows]
+        t3 = time.perf_counter()
+        for lane in job_lanes:
+            lanes.advance(lane, 1)
+        return JobResult(logits, PhaseTimings(queued, t1 - t0, t2 - t1, t3 - t2, "decode", lanes.count))
+
+    # --- helpers -------------------------------------------------------------------------
+    def _binding(self, graph_name: str, first_lane: int) -> Binding:
+        key = (graph_name, first_lane)
+        if key not in self._bindings:
+            graph = next(g for g in self.program.graphs if g.name == graph_name)
+            self._bindings[key] = Binding(self.program.sessions[graph_name], graph, self.lanes, first_lane)
+        return self._bindings[key]
+
+    def _check_lane(self, lane: int) -> None:
+        if not 0 <= lane < self.lanes.count:
+            raise RequestError("bad_lane", f"lane {lane} is out of range 0..{self.lanes.count - 1}")
+        if not self.lanes.in_use(lane):
+            raise RequestError("lane_not_allocated", f"lane {lane} is not allocated; call lanes.allocate() first")
+
+    def _check_tokens(self, tokens) -> None:
+        vocab = self.program.vocab_size
+        for t in tokens:
+            if not 0 <= t < vocab:
+                raise RequestError("bad_token", f"token id {t} is outside the vocabulary 0..{vocab - 1}")

@@ -1,0 +1,72 @@
+"""Jobs the device runs, their handles and results.
+
+A `PrefillJob` runs one chunk of one lane's prompt through a prefill graph (or, near the end of the
+context, through the decode graph); a `DecodeJob` advances several lanes by one token each.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calculet.errors import CalculetError
+
+
+@dataclass(frozen=True)
+class PrefillJob:
+    lane: int
+    tokens: tuple[int, ...]     # appended at the lane's current length
+    kind: str = "prefill"
+
+    def __post_init__(self):
+        object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
+
+
+@dataclass(frozen=True)
+class DecodeJob:
+    lanes: tuple[int, ...]      # distinct lanes, each gets one token
+    tokens: tuple[int, ...]
+    kind: str = "decode"
+
+    def __post_init__(self):
+        object.__setattr__(self, "lanes", tuple(int(x) for x in self.lanes))
+        object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
+
+
+Job = PrefillJob | DecodeJob
+
+
+@dataclass(frozen=True)
+class PhaseTimings:
+    """Seconds spent per phase of one job, measured on the worker thread."""
+    queued: float = 0.0        # submit -> start
+    input_prep: float = 0.0    # filling input staging buffers
+    infer: float = 0.0         # graph execution
+    output_fetch: float = 0.0  # copying logits out of the output staging buffer
+    graph: str = ""            # graph that ran
+    computed_tokens: int = 0   # lanes x tokens the graph computed (padding included)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    logits: np.ndarray         # [len(job lanes), vocab] float32, rows in the job's lane order
+    timings: PhaseTimings
+
+
+@dataclass
+class JobHandle:
+    job: Job
+    id: int
+    submitted_at: float
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+    _result: JobResult | None = None
+    _error: CalculetError | None = None
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def _finish(self, result: JobResult | None = None, error: CalculetError | None = None) -> None:
+        self._result, self._error = result, error
+        self._done.set()

@@ -1,0 +1,94 @@
+"""Program: a loaded calbin — verified manifest, memory-mapped weights, one session per graph.
+
+The weights file is mapped once; every session receives the same buffers through
+`add_external_initializers`, so prefill and decode graphs share one copy of the weights.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calculet.calbin.manifest import Manifest, read_manifest, verify_files
+from calculet.compiler.graphs import DECODE, PREFILL, GraphSpec
+from calculet.errors import DeviceError, ModelError
+
+PROVIDERS = {"cpu": ["CPUExecutionProvider"]}
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    provider: str = "cpu"
+    threads: int = 0            # intra-op threads; 0 = ONNX Runtime's default (all cores)
+
+    def __post_init__(self):
+        if self.provider not in PROVIDERS:
+            raise ModelError("unsupported_provider", f"provider {self.provider!r} is not supported; supported: {', '.join(PROVIDERS)}")
+        if self.threads < 0:
+            raise ModelError("bad_option", f"threads must be >= 0, got {self.threads}")
+
+
+class Program:
+    """A verified calbin on disk plus its sessions (created by `open_sessions`)."""
+
+    def __init__(self, path: str | Path, full_hash: bool = False):
+        self.path = Path(path)
+        self.manifest: Manifest = read_manifest(self.path)
+        verify_files(self.manifest, self.path, full_hash=full_hash)
+        self.graphs = [GraphSpec.from_json(g) for g in self.manifest.graphs]
+        self.decode_graph = self._one(DECODE)
+        self.prefill_graphs = sorted((g for g in self.graphs if g.type == PREFILL), key=lambda g: g.tokens)
+        if not self.prefill_graphs:
+            raise ModelError("graph_not_found", f"{self.path}: the calbin has no prefill graph")
+        self.sessions: dict[str, object] = {}
+        self._weights = None
+        self.load_seconds = 0.0
+
+    def _one(self, kind: str) -> GraphSpec:
+        found = [g for g in self.graphs if g.type == kind]
+        if len(found) != 1:
+            raise ModelError("graph_not_found", f"{self.path}: expected exactly one {kind} graph, found {len(found)}")
+        return found[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest.model["hyperparameters"]["vocab_size"])
+
+    @property
+    def chunk_sizes(self) -> tuple[int, ...]:
+        return tuple(g.tokens for g in self.prefill_graphs)
+
+    def _weight_values(self):
+        import onnxruntime as ort
+
+        wfile = self.path / self.manifest.weights["file"]
+        self._weights = np.memmap(wfile, dtype=np.uint8, mode="r")
+        values = {}
+        for t in self.manifest.weights["tensors"]:
+            count = int(np.prod(t["shape"])) if t["shape"] else 1
+            array = np.frombuffer(self._weights, dtype=t["dtype"], count=count, offset=t["offset"]).reshape(t["shape"])
+            values[t["name"]] = ort.OrtValue.ortvalue_from_numpy(array)
+        return values
+
+    def open_sessions(self, config: DeviceConfig) -> None:
+        import onnxruntime as ort
+
+        t0 = time.perf_counter()
+        values = self._weight_values()
+        self.sessions = {}
+        for g in self.graphs:
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            if config.threads:
+                so.intra_op_num_threads = config.threads
+            so.inter_op_num_threads = 1
+            names = list(values)
+            so.add_external_initializers(names, [values[n] for n in names])
+            try:
+                self.sessions[g.name] = ort.InferenceSession(str(self.path / g.file), so, providers=PROVIDERS[config.provider])
+            except Exception as exc:  # onnxruntime raises its own exception types
+                raise DeviceError("session_create_failed", f"cannot create a session for graph {g.name!r}: {exc}") from None
+        self.load_seconds = time.perf_counter() - t0
