@@ -76,8 +76,10 @@ def make_tiny_model(arch: str, folder: str | Path, seed: int = 0, **overrides) -
     model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
     with torch.no_grad():  # random init is small; widen it so logits are not all ties
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p)) if arch != "gemma3" else p.copy_(0.1 * torch.randn_like(p))
+            if "norm" in name:  # Gemma norms multiply by (1 + w)
+                p.copy_((0.0 if arch == "gemma3" else 1.0) + 0.1 * torch.randn_like(p))
+            elif "embed" in name and arch == "gemma3":
+                p.normal_(0.0, 0.01)  # Gemma scales embeddings by sqrt(hidden): keep the stream from collapsing
             else:
                 p.normal_(0.0, 0.08)
     model.save_pretrained(folder, safe_serialization=True)

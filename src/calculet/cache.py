@@ -1,0 +1,45 @@
+"""Compile-once cache: a source given to `run` or `serve` is compiled into the user cache folder and reused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from calculet import __version__
+from calculet.calbin.manifest import MANIFEST
+
+
+def cache_root() -> Path:
+    base = os.environ.get("CALCULET_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "calculet")
+    return Path(base)
+
+
+def is_calbin(path: str | None) -> bool:
+    return path is not None and (Path(path) / MANIFEST).is_file()
+
+
+def _source_key(source: str | None, options) -> str:
+    from calculet.sources.resolve import default_model_path
+
+    path = Path(source if source is not None else default_model_path()).resolve()
+    stat_of = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    fingerprint = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in stat_of]
+    blob = json.dumps({"v": __version__, "files": fingerprint, "options": repr(options)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def ensure_calbin(source: str | None, options, log=print) -> Path:
+    """A calbin path for `source`: itself when it already is one, else a cached compile of it."""
+    if is_calbin(source):
+        return Path(source)
+    from calculet.compiler.compile import compile_calbin
+    from calculet.sources.resolve import load_source  # noqa: F401  (validates the path early)
+
+    name = Path(source).name if source else "default-gemma3-270m"
+    target = cache_root() / f"{name}-{_source_key(source, options)}.calbin"
+    if (target / MANIFEST).is_file():
+        return target
+    log(f"compiling into the cache: {target}")
+    return compile_calbin(source, target, options, log=log)

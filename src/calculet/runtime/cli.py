@@ -1,0 +1,58 @@
+"""`calculet run [CALBIN|SOURCE] "prompt"`: stream a completion to the terminal, then report speed."""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="generate text from a calbin or a source (compiled into the cache on first use)")
+    p.add_argument("model_or_prompt", nargs="+", metavar="[MODEL] PROMPT",
+                   help="a calbin, HF folder or .gguf file (omit for the default model), then the prompt")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    p.add_argument("--full-hash", action="store_true", help="verify every file's SHA-256 before loading")
+    p.add_argument("--lanes", type=int, default=None, help="when compiling a source: lanes (default 8)")
+    p.add_argument("--context", type=int, default=None, help="when compiling a source: context (default 1024)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from calculet.cache import ensure_calbin
+    from calculet.compiler.options import CompileOptions
+    from calculet.engine.generate import generate
+    from calculet.engine.sampler import SamplingParams
+    from calculet.engine.tokenizer import TextTokenizer
+    from calculet.errors import RequestError
+    from calculet.runtime.device import Device
+    from calculet.runtime.program import DeviceConfig
+
+    if len(args.model_or_prompt) > 2:
+        raise RequestError("bad_arguments", "give at most a model and one prompt (quote the prompt)")
+    model, prompt = (None, args.model_or_prompt[0]) if len(args.model_or_prompt) == 1 else args.model_or_prompt
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    overrides = {k: v for k, v in (("lanes", args.lanes), ("context", args.context)) if v is not None}
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    calbin = ensure_calbin(model, CompileOptions(**overrides), log=log)
+    device = Device(DeviceConfig(threads=args.threads))
+    try:
+        device.configure(device.load(calbin, full_hash=args.full_hash))
+        tokenizer = TextTokenizer.from_program(device.program)
+        prompt_ids = tokenizer.encode_prompt(prompt)
+
+        def emit(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+        gen = generate(device, tokenizer, prompt_ids, params, args.max_tokens, on_text=emit)
+    finally:
+        device.close()
+    sys.stdout.write("\n")
+    print(f"[prompt tokens {gen.prompt_tokens} | generated {len(gen.tokens)} ({gen.finish_reason}) | "
+          f"TTFT {gen.ttft_s * 1000:.0f} ms | decode {gen.decode_tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+    return 0
