@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny random models per architecture and their calbins, and the default model's calbin.
+
+Everything is built inside the test session (nothing downloaded) and cached for the session.
+Tests import helpers from this folder (`import tiny_models`), which pytest puts on sys.path.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import tiny_models
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            made[arch] = tiny_models.make_tiny_model(arch, tmp_path_factory.mktemp(f"hf-{arch}"))
+        return made[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_calbin(tiny_model_dir, tmp_path_factory):
+    """tiny_calbin(arch, lanes=4, context=64, chunks=(4, 16), golden=False) -> compiled calbin path."""
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions
+
+    made = {}
+
+    def get(arch: str, lanes: int = 4, context: int = 64, chunks=(4, 16), golden: bool = False):
+        key = (arch, lanes, context, tuple(chunks), golden)
+        if key not in made:
+            out = tmp_path_factory.mktemp(f"calbin-{arch}") / "model.calbin"
+            options = CompileOptions(lanes=lanes, context=context, prefill_chunks=tuple(chunks), golden=golden)
+            made[key] = compile_calbin(str(tiny_model_dir(arch)), out, options, log=lambda _m: None)
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def default_calbin(tmp_path_factory):
+    """The embedded default model (Gemma 3 270M) compiled once: 8 lanes, context 1024, with golden/."""
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions
+
+    out = tmp_path_factory.mktemp("calbin-default") / "gemma3-270m.calbin"
+    return compile_calbin(None, out, CompileOptions(lanes=8, context=1024), log=print)
