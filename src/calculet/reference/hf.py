@@ -1,0 +1,218 @@
+"""Hugging Face reference runs: rebuild the source model in transformers and run it in fp32.
+
+This is the only module that imports torch and transformers (lazily, so `import calculet.reference`
+works without them). The model is built from `SourceModel.config` and loaded with exactly
+`SourceModel.tensors`, so every source (HF folder, GGUF) is checked against the numbers the
+compiler actually read, not against a second copy of the checkpoint.
+
+    source.config ──▶ transformers config ──▶ CausalLM.from_config (fp32, eager attention)
+    source.tensors ─────────────────────────▶ strict copy (missing / unexpected / shape checked)
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+from calculet.errors import ModelError, RequestError
+from calculet.reference.metrics import topk_of
+from calculet.sources.base import SourceModel
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+_LEGACY_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_local_base_freq")
+# Keys of config.json that describe the checkpoint file, not the model; passing them on would make
+# transformers quantize, run remote code or pick a dtype for us.
+_DROPPED_KEYS = ("architectures", "auto_map", "quantization_config", "torch_dtype", "dtype", "transformers_version")
+
+
+def _require_torch():
+    """Import torch and transformers, or say how to install them."""
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise ModelError(
+            "reference_not_installed",
+            f"reference runs need torch and transformers ({exc}); "
+            "install the reference extra: pip install -e '.[reference]'",
+        ) from None
+    return torch, transformers
+
+
+def producer_versions() -> dict[str, str]:
+    """Versions of the libraries that produce reference numbers (recorded in golden files)."""
+    torch, transformers = _require_torch()
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def reference_config_dict(config: dict) -> dict:
+    """Normalise a source config to keyword arguments for the transformers config class.
+
+    Accepts transformers-5 `rope_parameters` or the older `rope_theta` / `rope_scaling` /
+    `rope_local_base_freq` keys (transformers converts those itself; when both are present
+    `rope_parameters` wins). A multimodal `gemma3` config is reduced to its `text_config`.
+    """
+    if "model_type" not in config:
+        raise ModelError("reference_config", "source config has no 'model_type'; cannot pick a transformers model class")
+    cfg = dict(config)
+    if cfg["model_type"] == "gemma3":
+        cfg = {**cfg.get("text_config", cfg), "model_type": "gemma3_text"}
+    model_type = cfg["model_type"]
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelError(
+            "reference_unsupported",
+            f"model_type {model_type!r} has no reference builder (supported: {', '.join(SUPPORTED_MODEL_TYPES)})",
+        )
+    for key in _DROPPED_KEYS + ("text_config", "vision_config"):
+        cfg.pop(key, None)
+    if cfg.get("rope_parameters") is not None:
+        for key in _LEGACY_ROPE_KEYS:
+            cfg.pop(key, None)
+    return cfg
+
+
+def _tie_groups(state: dict) -> list[list[str]]:
+    """Names in the model's state dict that share storage (e.g. lm_head tied to embed_tokens)."""
+    by_ptr: dict[tuple[int, tuple[int, ...]], list[str]] = {}
+    for name, t in state.items():
+        by_ptr.setdefault((t.data_ptr(), tuple(t.shape)), []).append(name)
+    return list(by_ptr.values())
+
+
+def _listing(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(sorted(names)[:limit])
+    return f"{len(names)} ({shown}{', ...' if len(names) > limit else ''})"
+
+
+def _plan_load(state: dict, source: SourceModel) -> list[str]:
+    """Check that `source.tensors` names exactly the model's parameters; return the names to copy.
+
+    Tied parameters (lm_head sharing embed_tokens) need one of their names; when the source gives
+    both, both copies must be equal and only the first is copied.
+    """
+    given = set(source.tensors)
+    groups = _tie_groups(state)
+    unexpected = sorted(given - set(state))
+    missing = [g[0] for g in groups if not given.intersection(g)]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {_listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {_listing(unexpected)}")
+    if problems:
+        raise ModelError(
+            "reference_weights_mismatch",
+            f"{source.path}: weights do not match the {source.config.get('model_type')} model built from its config; "
+            + "; ".join(problems),
+        )
+    shape_of = getattr(source.tensors, "shape", None)
+    wrong = []
+    for name in sorted(given):
+        shape = tuple(shape_of(name)) if shape_of else tuple(source.tensors[name].shape)
+        if shape != tuple(state[name].shape):
+            wrong.append(f"{name} has {list(shape)}, model wants {list(state[name].shape)}")
+    if wrong:
+        raise ModelError("reference_weights_shape", f"{source.path}: tensor shapes differ from the config: " + "; ".join(wrong[:8]))
+    to_copy = []
+    for group in groups:
+        present = [n for n in group if n in given]
+        first = source.tensors[present[0]] if len(present) > 1 else None
+        for other in present[1:]:
+            diff = float(np.max(np.abs(first - source.tensors[other])))
+            if diff != 0.0:
+                raise ModelError(
+                    "reference_weights_tied",
+                    f"{source.path}: {present[0]} and {other} are tied in the model but differ in the source "
+                    f"(max abs difference {diff:.3g}); the config should say tie_word_embeddings: false",
+                )
+        to_copy.append(present[0])
+    return to_copy
+
+
+def _copy_tensors(torch, state: dict, source: SourceModel, names: list[str]) -> None:
+    """Copy one tensor at a time (the source is lazy, so peak memory stays near one model)."""
+    with torch.no_grad():
+        for name in names:
+            arr = np.array(source.tensors[name], dtype=np.float32, order="C", copy=True)
+            state[name].copy_(torch.from_numpy(arr))
+
+
+def build_reference_model(source: SourceModel):
+    """A transformers CausalLM in fp32 eval mode holding exactly `source.tensors`."""
+    torch, transformers = _require_torch()
+    kwargs = reference_config_dict(source.config)
+    model_type = kwargs.pop("model_type")
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **kwargs)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ModelError("reference_config", f"{source.path}: transformers rejects the {model_type} config: {exc}") from None
+    if getattr(config, "rope_parameters", None) is None:
+        raise ModelError("reference_config", f"{source.path}: config has neither rope_parameters nor rope_theta")
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    state = model.state_dict()
+    _copy_tensors(torch, state, source, _plan_load(state, source))
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def _check_ids(model, input_ids: list[int]) -> None:
+    vocab = model.config.vocab_size
+    if len(input_ids) == 0:
+        raise RequestError("reference_empty_prompt", "input_ids is empty; a reference run needs at least one token")
+    bad = [t for t in input_ids if not (0 <= int(t) < vocab)]
+    if bad:
+        raise RequestError("reference_bad_token", f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+
+
+def _cache_kwarg(model) -> str:
+    """transformers 5.x renamed `past_key_values` to `cache` in forward(); use whichever exists."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _forward_last(torch, model, ids: list[int], cache: Any = None) -> Any:
+    kwargs = {"use_cache": cache is not None, "logits_to_keep": 1}
+    if cache is not None:
+        kwargs[_cache_kwarg(model)] = cache
+    out = model(torch.tensor([ids], dtype=torch.long), **kwargs)
+    return out.logits[0, -1]  # [vocab]
+
+
+def reference_last_logits(model, input_ids: list[int]) -> np.ndarray:
+    """float32 [vocab]: the logits after the last prompt token."""
+    torch, _ = _require_torch()
+    _check_ids(model, input_ids)
+    with torch.inference_mode():
+        return _forward_last(torch, model, list(input_ids)).float().numpy().copy()
+
+
+def reference_greedy(model, input_ids: list[int], steps: int) -> list[int]:
+    """Exactly `steps` argmax tokens, decoding one token at a time through the model's KV cache.
+
+    EOS is an ordinary token here (generation never stops early), so a runtime is compared on the
+    same number of steps whatever the model emits.
+    """
+    torch, transformers = _require_torch()
+    _check_ids(model, input_ids)
+    if steps < 0:
+        raise RequestError("reference_bad_steps", f"steps must be >= 0, got {steps}")
+    tokens: list[int] = []
+    with torch.inference_mode():
+        cache = transformers.DynamicCache(config=model.config)
+        logits = _forward_last(torch, model, list(input_ids), cache)
+        for _ in range(steps):
+            tokens.append(int(torch.argmax(logits)))
+            if len(tokens) < steps:
+                logits = _forward_last(torch, model, tokens[-1:], cache)
+    return tokens
+
+
+def reference_topk(model, input_ids: list[int], k: int) -> tuple[list[int], np.ndarray]:
+    """Top-k ids (largest first) and float32 values of the last-position logits."""
+    vocab = model.config.vocab_size
+    if not 1 <= k <= vocab:
+        raise RequestError("reference_bad_k", f"k must be in [1, {vocab}] (the vocabulary size), got {k}")
+    return topk_of(reference_last_logits(model, input_ids), k)
