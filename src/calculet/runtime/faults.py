@@ -33,7 +33,7 @@ class FaultPlan:
         except (IndexError, ValueError):
             raise RequestError("bad_fault_spec", f"{ENV}={text!r}: expected KIND:N[:COUNT], e.g. decode:5") from None
         if kind not in ("prefill", "decode") or after < 1 or count < 1:
-            raise RequestError("bad_fault_spec", f"{ENV}={text!r}: KIND is prefill or decode, N and COUNT >= 1")
+            raise RequestError("bad_fault_spec", f"{ENV}={text!r}: expected KIND:N[:COUNT] with KIND prefill or decode and N, COUNT >= 1")
         return FaultPlan(kind, after, count)
 
     @staticmethod

@@ -1,0 +1,138 @@
+"""The device API: lanes, batched decode parity, typed errors, fault injection and recovery."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calculet.engine.generate import generate, prefill
+from calculet.engine.sampler import SamplingParams
+from calculet.engine.tokenizer import TextTokenizer
+from calculet.errors import DeviceError, ErrorKind, RequestError
+from calculet.runtime.device import Device
+from calculet.runtime.faults import FaultPlan
+from calculet.runtime.jobs import DecodeJob, PrefillJob
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def device(tiny_calbin):
+    d = Device()
+    d.configure(d.load(tiny_calbin("qwen3", lanes=4)))
+    yield d
+    d.close()
+
+
+def _prompts():
+    rng = np.random.default_rng(7)
+    return [rng.integers(3, 300, size=n).tolist() for n in (5, 17, 11)]
+
+
+def test_batched_decode_equals_each_alone(device):
+    """Three prompts decoded together in one batch give exactly the tokens each gives alone."""
+    tokenizer = TextTokenizer.from_program(device.program)
+    alone = [generate(device, tokenizer, p, GREEDY, 20, ignore_eos=True).tokens for p in _prompts()]
+    lanes = [device.lanes.allocate() for _ in range(3)]
+    try:
+        last = [int(np.argmax(prefill(device, lane, p))) for lane, p in zip(lanes, _prompts())]
+        together = [[t] for t in last]
+        for _ in range(19):
+            logits = device.run(DecodeJob(tuple(lanes), tuple(last)), 30).logits
+            last = [int(np.argmax(row)) for row in logits]
+            for seq, t in zip(together, last):
+                seq.append(t)
+    finally:
+        for lane in lanes:
+            device.lanes.free(lane)
+    assert together == alone
+
+
+def test_lane_lifecycle(device):
+    lanes = device.lanes
+    got = [lanes.allocate() for _ in range(lanes.count)]
+    assert sorted(got) == list(range(lanes.count))
+    assert not lanes.can_allocate()
+    with pytest.raises(RequestError) as e:
+        lanes.allocate()
+    assert e.value.code == "no_free_lane" and f"all {lanes.count} lanes" in str(e.value)
+    lanes.free(got[1])
+    assert lanes.can_allocate() and lanes.allocate() == got[1]
+    device.run(PrefillJob(got[0], (5, 6, 7)), 10)
+    assert lanes.length(got[0]) == 3
+    lanes.clear(got[0])
+    assert lanes.length(got[0]) == 0 and lanes.in_use(got[0])
+    assert not lanes.keys[0][got[0]].any()
+    for lane in got:
+        lanes.free(lane)
+    assert lanes.free_count() == lanes.count
+    with pytest.raises(RequestError) as e:
+        lanes.free(got[0])
+    assert e.value.code == "lane_not_allocated"
+
+
+def test_request_errors_are_typed(device):
+    lane = device.lanes.allocate()
+    try:
+        with pytest.raises(RequestError) as e:
+            device.submit(PrefillJob(lane, ()))
+        assert e.value.code == "empty_prompt" and e.value.kind is ErrorKind.REQUEST
+        with pytest.raises(RequestError) as e:
+            device.submit(PrefillJob(lane, (10**6,)))
+        assert e.value.code == "bad_token" and "0..319" in str(e.value)
+        with pytest.raises(RequestError) as e:
+            device.submit(DecodeJob((3,), (5,)) if lane != 3 else DecodeJob((2,), (5,)))
+        assert e.value.code == "lane_not_allocated"
+        with pytest.raises(RequestError) as e:
+            device.run(PrefillJob(lane, tuple([5] * 65)), 10)
+        assert e.value.code == "context_overflow" and "context of 64" in str(e.value)
+        assert device.lanes.length(lane) == 0  # a rejected job leaves the lane untouched
+    finally:
+        device.lanes.free(lane)
+
+
+def test_prompt_near_end_of_context_uses_decode_graph(device):
+    """The last positions of a lane are reachable: chunks that would overflow the buffer fall back to decode."""
+    tokenizer = TextTokenizer.from_program(device.program)
+    prompt = np.random.default_rng(3).integers(3, 300, size=60).tolist()
+    gen = generate(device, tokenizer, prompt, GREEDY, 100, ignore_eos=True)
+    assert len(gen.tokens) == 4 and gen.finish_reason == "length"  # clamped to the context of 64
+
+
+def test_wait_timeout_is_a_device_error(device):
+    lane = device.lanes.allocate()
+    try:
+        handle = device.submit(PrefillJob(lane, tuple(range(3, 19))))
+        try:
+            device.wait(handle, timeout=0.0)
+        except DeviceError as e:
+            assert e.code == "wait_timeout"
+        device.wait(handle, timeout=30)  # the job still completes
+        assert device.lanes.length(lane) == 16
+    finally:
+        device.lanes.free(lane)
+
+
+def test_injected_decode_fault_then_reset(tiny_calbin):
+    d = Device(faults=FaultPlan.parse("decode:2"))
+    d.configure(d.load(tiny_calbin("llama", lanes=2)))
+    try:
+        lane = d.lanes.allocate()
+        d.run(PrefillJob(lane, (5, 6, 7)), 10)
+        d.run(DecodeJob((lane,), (8,)), 10)
+        with pytest.raises(DeviceError) as e:
+            d.run(DecodeJob((lane,), (9,)), 10)
+        assert e.value.code == "injected_fault" and e.value.kind is ErrorKind.DEVICE
+        assert not d.healthy
+        d.reset()
+        assert d.healthy and d.lanes.free_count() == 2
+        lane = d.lanes.allocate()
+        assert d.run(PrefillJob(lane, (5, 6, 7)), 10).logits.shape == (1, 320)
+    finally:
+        d.close()
+
+
+def test_fault_spec_is_validated():
+    with pytest.raises(RequestError) as e:
+        FaultPlan.parse("sideways:2")
+    assert e.value.code == "bad_fault_spec" and "KIND:N" in str(e.value)
