@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-import tiny_models  # noqa: E402
+import tiny_models  # tests/ is on sys.path (tests/conftest.py)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -35,9 +34,8 @@ LONG_PROMPT = [2] + [(7 * i + 3) % tiny_models.VOCAB for i in range(23)]  # 24 i
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny")
-    return {arch: tiny_models.make_tiny_model(arch, root / arch) for arch in tiny_models.ARCHS}
+def folders(tiny_model_dir) -> dict[str, Path]:
+    return {arch: tiny_model_dir(arch) for arch in tiny_models.ARCHS}
 
 
 @pytest.fixture(scope="module")
@@ -183,8 +181,12 @@ def test_golden_prompts_without_window_or_bos_and_too_long(folders):
 @pytest.fixture(scope="module")
 def gemma_golden(folders):
     source = load_hf_folder(folders["gemma3"])
-    prompts = prompts_for_source(source, context=48)  # beyond_window (13) fits, 15..17 do not: 48 - 33 = 15
-    return source, make_golden(source, prompts, n_tokens=32, topk=10)
+    prompts = prompts_for_source(source, context=48)  # beyond_window (13) fits, 16 and 17 do not: 48 - 33 = 15
+    ticks = []
+    progress = type("Bar", (), {"update": lambda self, n: ticks.append(n)})()  # the tqdm method the compiler passes
+    golden = make_golden(source, prompts, n_tokens=32, topk=10, progress=progress)
+    assert ticks == [1] * len(prompts)
+    return source, golden
 
 
 def test_make_golden_records_prompts_and_skips(gemma_golden):
@@ -202,9 +204,10 @@ def test_make_golden_records_prompts_and_skips(gemma_golden):
 
 def test_golden_round_trips_through_json(gemma_golden, tmp_path):
     _, golden = gemma_golden
-    path = write_golden(golden, tmp_path)
+    path = write_golden(golden, tmp_path / "golden")
     assert path == tmp_path / "golden" / "golden.json"
-    assert read_golden(tmp_path) == golden
+    assert read_golden(tmp_path) == golden  # from the calbin folder
+    assert read_golden(tmp_path / "golden") == golden  # or from its golden/ folder
     text = path.read_text()
     assert json.loads(text)["schema"] == "calculet.golden/1" and len(text) < 20_000
     assert '"greedy_tokens": [' + ", ".join(map(str, golden.prompts[0].greedy_tokens)) + "]" in text  # one line
@@ -214,7 +217,7 @@ def test_read_golden_errors_name_the_problem(gemma_golden, tmp_path):
     with pytest.raises(ModelError, match="no golden file") as err:
         read_golden(tmp_path)
     assert err.value.code == "golden_missing"
-    path = write_golden(gemma_golden[1], tmp_path)
+    path = write_golden(gemma_golden[1], tmp_path / "golden")
     doc = json.loads(path.read_text())
     del doc["prompts"][1]["greedy_tokens"]
     path.write_text(json.dumps(doc))

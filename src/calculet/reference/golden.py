@@ -24,7 +24,8 @@ from calculet.reference.prompts import GoldenPrompt, golden_prompt_ids  # noqa: 
 from calculet.sources.base import SourceModel
 
 GOLDEN_SCHEMA = "calculet.golden/1"
-GOLDEN_FILE = Path("golden") / "golden.json"
+GOLDEN_DIR = "golden"          # inside a calbin
+GOLDEN_FILE = "golden.json"    # inside GOLDEN_DIR
 
 RunFn = Callable[[list[int], int], "tuple[np.ndarray, list[int]]"]
 
@@ -112,8 +113,12 @@ def make_golden(
     n_tokens: int = 32,
     topk: int = 10,
     thresholds: Thresholds = Thresholds(),
+    progress=None,
 ) -> Golden:
-    """Run the Hugging Face reference (fp32) on every prompt that is not skipped."""
+    """Run the Hugging Face reference (fp32) on every prompt that is not skipped.
+
+    `progress`, when given, gets `.update(1)` per prompt (a tqdm bar, for example).
+    """
     from calculet.reference import hf  # torch lives behind this import
 
     runnable = [p for p in prompts if not p.skipped]
@@ -124,7 +129,11 @@ def make_golden(
     if not 1 <= topk <= vocab:
         raise ValueError(f"topk must be in [1, {vocab}], got {topk}")
     entries = []
-    for p in runnable:
+    for p in prompts:
+        if progress is not None:
+            progress.update(1)
+        if p.skipped:
+            continue
         logits = hf.reference_last_logits(model, p.input_ids)
         ids, values = topk_of(logits, min(topk + 1, vocab))
         entries.append(GoldenEntry(
@@ -150,7 +159,7 @@ def make_golden(
 
 
 def write_golden(golden: Golden, folder: str | Path) -> Path:
-    """Write `<folder>/golden/golden.json`; number lists stay on one line so the file reads easily."""
+    """Write `<folder>/golden.json` (folder is the calbin's `golden/`); number lists stay on one line."""
     path = Path(folder) / GOLDEN_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"schema": GOLDEN_SCHEMA, **asdict(golden)}, indent=2, ensure_ascii=False)
@@ -173,8 +182,11 @@ def _build(cls, data, where: str):
 
 
 def read_golden(folder: str | Path) -> Golden:
-    """Read `<folder>/golden/golden.json` written by `write_golden`."""
-    path = Path(folder) / GOLDEN_FILE
+    """Read the golden file from a calbin folder (`<calbin>/golden/golden.json`) or from its `golden/` folder."""
+    folder = Path(folder)
+    path = folder / GOLDEN_FILE
+    if not path.exists() and (folder / GOLDEN_DIR / GOLDEN_FILE).exists():
+        path = folder / GOLDEN_DIR / GOLDEN_FILE
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
