@@ -1,8 +1,13 @@
-"""A small, real OpenAI-compatible HTTP server with scripted timing, for the harness's tests.
+"""A small, real OpenAI-compatible HTTP/1.1 server with scripted timing, for the harness's tests.
+
+It is written on bare asyncio streams (keep-alive, Content-Length bodies, chunked SSE responses)
+rather than a web framework so that its own per-request cost stays far below the delays it injects,
+even on a loaded 2-core machine.
 
 Every streamed answer sends its first token `ttft` seconds after the request arrived and each next
 token `gap` seconds after the one before (on absolute deadlines, so delays do not drift), one token
-per SSE chunk, then a finish chunk, a `usage` chunk (when asked) and `[DONE]`.
+per SSE chunk, then a finish chunk carrying llama.cpp-style `timings`, a `usage` chunk (when asked)
+and `[DONE]`. Chat answers start with a role-only chunk, as OpenAI and vLLM do.
 
 A directive inside the prompt text changes the answer:
     #429  → HTTP 429          #500  → HTTP 500
@@ -10,9 +15,10 @@ A directive inside the prompt text changes the answer:
     #eos3 → stops after 3 tokens with finish_reason "stop" (a server ignoring ignore_eos)
     #nousage → no usage chunk even when asked
 
-Tokenizer (`/tokenize`): whitespace-separated words; a word of n characters is ceil(n/4) tokens.
+Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /tokenize, GET /v1/models.
+Tokenizer: whitespace-separated words; a word of n characters is ceil(n/4) tokens; usage adds a BOS.
 
-Run: `python tests/bench/scripted_server.py --ttft 0.2 --gap 0.02` prints `PORT <n>` when ready.
+Run: `python tests/bench/scripted_server.py --ttft 0.3 --gap 0.02` prints `PORT <n>` when ready.
 """
 
 from __future__ import annotations
@@ -21,12 +27,6 @@ import argparse
 import asyncio
 import json
 import math
-import socket
-import sys
-import time
-
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
 
 MODEL = "scripted"
 CONTEXT = 4096
@@ -36,108 +36,121 @@ def count_tokens(text: str) -> int:
     return sum(math.ceil(len(word) / 4) for word in text.split())
 
 
-def make_app(ttft_s: float, gap_s: float) -> FastAPI:
-    app = FastAPI()
+class Dropped(Exception):
+    """Raised to cut a connection mid-stream."""
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": CONTEXT}]}
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        body = await request.json()
-        text = body.get("content", body.get("prompt", ""))
-        return {"tokens": list(range(count_tokens(text)))}
+class ScriptedServer:
+    def __init__(self, ttft_s: float, gap_s: float):
+        self.ttft_s, self.gap_s = ttft_s, gap_s
 
-    async def answer(request: Request, chat: bool):
-        arrived = asyncio.get_running_loop().time()
-        body = await request.json()
+    # --- HTTP/1.1 plumbing -----------------------------------------------------------------------
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                arrived = asyncio.get_running_loop().time()
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, v in
+                           (line.split(":", 1) for line in lines[1:] if ":" in line)}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                await self.route(method, path, json.loads(body) if body else {}, arrived, writer)
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, Dropped):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    async def send_json(writer: asyncio.StreamWriter, status: int, data: dict) -> None:
+        body = json.dumps(data).encode()
+        reason = {200: "OK", 404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error"}[status]
+        writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+
+    @staticmethod
+    async def send_chunk(writer: asyncio.StreamWriter, event: str) -> None:
+        data = event.encode()
+        writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        await writer.drain()
+
+    # --- the API ---------------------------------------------------------------------------------
+    async def route(self, method: str, path: str, body: dict, arrived: float, writer: asyncio.StreamWriter) -> None:
+        if method == "GET" and path == "/v1/models":
+            await self.send_json(writer, 200, {"object": "list", "data": [
+                {"id": MODEL, "object": "model", "max_model_len": CONTEXT}]})
+        elif method == "POST" and path == "/tokenize":
+            text = body.get("content", body.get("prompt", ""))
+            await self.send_json(writer, 200, {"tokens": list(range(count_tokens(text)))})
+        elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            await self.complete(body, path.endswith("chat/completions"), arrived, writer)
+        else:
+            await self.send_json(writer, 404, {"error": {"message": f"no route {method} {path}"}})
+
+    async def complete(self, body: dict, chat: bool, arrived: float, writer: asyncio.StreamWriter) -> None:
         if chat:
             text = " ".join(m.get("content", "") for m in body.get("messages", []))
         else:
             text = body.get("prompt", "")
         if "#429" in text:
-            return JSONResponse({"error": {"message": "too many requests", "type": "rate_limit"}}, 429)
+            return await self.send_json(writer, 429, {"error": {"message": "too many requests"}})
         if "#500" in text:
-            return JSONResponse({"error": {"message": "scripted failure", "type": "server_error"}}, 500)
-        n_out = int(body.get("max_tokens", 16))
-        stop_after = 3 if "#eos3" in text else None
-        drop_after = 3 if "#drop" in text else None
+            return await self.send_json(writer, 500, {"error": {"message": "scripted failure"}})
+        n_out = 3 if "#eos3" in text else int(body.get("max_tokens", 16))
         usage = bool((body.get("stream_options") or {}).get("include_usage")) and "#nousage" not in text
-        prompt_tokens = count_tokens(text) + 1  # + BOS, as a real server counts
+        kind = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(piece: str | None, finish: str | None) -> str:
+        def event(choices: list, **extra) -> str:
+            return "data: " + json.dumps({"id": "x", "object": kind, "model": MODEL, "choices": choices, **extra}) + "\n\n"
+
+        def choice(piece: str | None, finish: str | None) -> dict:
             if chat:
-                choice = {"index": 0, "delta": {"content": piece} if piece else {}, "finish_reason": finish}
-                obj = "chat.completion.chunk"
-            else:
-                choice = {"index": 0, "text": piece or "", "finish_reason": finish}
-                obj = "text_completion"
-            return "data: " + json.dumps({"id": "x", "object": obj, "model": MODEL, "choices": [choice]}) + "\n\n"
+                return {"index": 0, "delta": {"content": piece} if piece else {}, "finish_reason": finish}
+            return {"index": 0, "text": piece or "", "finish_reason": finish}
 
-        async def events():
-            loop = asyncio.get_running_loop()
-            if chat:  # a role-only first chunk, as OpenAI and vLLM send: it carries no token
-                yield "data: " + json.dumps({"id": "x", "object": "chat.completion.chunk", "model": MODEL,
-                                             "choices": [{"index": 0, "delta": {"role": "assistant"}}]}) + "\n\n"
-            produced = 0
-            limit = stop_after if stop_after is not None else n_out
-            for k in range(limit):
-                delay = arrived + ttft_s + k * gap_s - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                if drop_after is not None and k == drop_after:
-                    raise ConnectionAbortedError("scripted drop mid-stream")
-                yield chunk(f" t{k}", None)
-                produced += 1
-            finish = "stop" if stop_after is not None else "length"
-            final = json.loads(chunk(None, finish)[6:])
-            final["timings"] = {"arrived_monotonic": arrived, "prompt_ms": ttft_s * 1e3, "predicted_n": produced,
-                                "predicted_ms": (produced - 1) * gap_s * 1e3}
-            yield "data: " + json.dumps(final) + "\n\n"
-            if usage:
-                yield "data: " + json.dumps({"id": "x", "object": "x", "model": MODEL, "choices": [],
-                                             "usage": {"prompt_tokens": prompt_tokens,
-                                                       "completion_tokens": produced,
-                                                       "total_tokens": prompt_tokens + produced}}) + "\n\n"
-            yield "data: [DONE]\n\n"
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        if chat:
+            await self.send_chunk(writer, event([{"index": 0, "delta": {"role": "assistant"}}]))
+        loop = asyncio.get_running_loop()
+        for k in range(n_out):
+            delay = arrived + self.ttft_s + k * self.gap_s - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if "#drop" in text and k == 3:
+                writer.transport.abort()
+                raise Dropped()
+            await self.send_chunk(writer, event([choice(f" t{k}", None)]))
+        timings = {"arrived_monotonic": arrived, "prompt_ms": self.ttft_s * 1e3, "predicted_n": n_out,
+                   "predicted_ms": (n_out - 1) * self.gap_s * 1e3}
+        await self.send_chunk(writer, event([choice(None, "stop" if "#eos3" in text else "length")], timings=timings))
+        if usage:
+            prompt_tokens = count_tokens(text) + 1
+            await self.send_chunk(writer, event([], usage={"prompt_tokens": prompt_tokens, "completion_tokens": n_out,
+                                                           "total_tokens": prompt_tokens + n_out}))
+        await self.send_chunk(writer, "data: [DONE]\n\n")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
 
-        return StreamingResponse(events(), media_type="text/event-stream")
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await answer(request, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await answer(request, chat=True)
-
-    return app
+async def serve(ttft_s: float, gap_s: float) -> None:
+    server = await asyncio.start_server(ScriptedServer(ttft_s, gap_s).handle, "127.0.0.1", 0)
+    print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        await server.serve_forever()
 
 
 def main() -> None:
-    import uvicorn
-
     parser = argparse.ArgumentParser()
-    parser.add_argument("--ttft", type=float, default=0.2)
+    parser.add_argument("--ttft", type=float, default=0.3)
     parser.add_argument("--gap", type=float, default=0.02)
     args = parser.parse_args()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(make_app(args.ttft, args.gap), log_level="critical", access_log=False)
-    server = uvicorn.Server(config)
-
-    async def serve():
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            await asyncio.sleep(0.01)
-        print(f"PORT {sock.getsockname()[1]}", flush=True)
-        await task
-
-    started = time.monotonic()
-    asyncio.run(serve())
-    print(f"served for {time.monotonic() - started:.1f}s", file=sys.stderr)
+    try:
+        asyncio.run(serve(args.ttft, args.gap))
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

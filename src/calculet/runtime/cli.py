@@ -19,6 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--full-hash", action="store_true", help="verify every file's SHA-256 before loading")
     p.add_argument("--lanes", type=int, default=None, help="when compiling a source: lanes (default 8)")
     p.add_argument("--context", type=int, default=None, help="when compiling a source: context (default 1024)")
+    p.add_argument("--prefill-chunks", default=None, help="when compiling a source: chunk sizes (default 16,128)")
     p.set_defaults(func=run)
 
 
@@ -36,7 +37,11 @@ def run(args) -> int:
         raise RequestError("bad_arguments", "give at most a model and one prompt (quote the prompt)")
     model, prompt = (None, args.model_or_prompt[0]) if len(args.model_or_prompt) == 1 else args.model_or_prompt
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    from calculet.compiler.options import parse_chunks
+
     overrides = {k: v for k, v in (("lanes", args.lanes), ("context", args.context)) if v is not None}
+    if args.prefill_chunks:
+        overrides["prefill_chunks"] = parse_chunks(args.prefill_chunks)
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     calbin = ensure_calbin(model, CompileOptions(**overrides), log=log)
     device = Device(DeviceConfig(threads=args.threads))
