@@ -3,7 +3,9 @@ tiny llama / qwen2 / qwen3 files written here with `gguf.GGUFWriter` in llama.cp
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import math
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from tokenizers import Tokenizer
 
 from calculet.errors import ModelError
 from calculet.sources.gguf import load_gguf, read_gguf, unpermute_rope_rows
-from calculet.sources.gguf_tokenizer import byte_alphabet
+from calculet.sources.gguf_tokenizer import byte_alphabet, convert_tokenizer
 
 TEXTS = [
     "Hello world", "", " ", "  leading spaces", "multiple   spaces  here ", "line1\nline2\n\n\nend\n",
@@ -153,24 +155,37 @@ def write_tiny(path: Path, arch: str, vocab: str = "gpt2", *, rope_freqs: float 
     head_dim = 128 if arch == "qwen3" else 16  # transformers' qwen3 GGUF config ignores key_length
     theta = 500000.0
     w = GGUFWriter(str(path), arch)
-    w.add_context_length(256), w.add_embedding_length(hidden), w.add_feed_forward_length(inter)
-    w.add_block_count(layers), w.add_head_count(heads), w.add_head_count_kv(kv)
-    w.add_layer_norm_rms_eps(1e-5), w.add_rope_freq_base(theta)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_block_count(layers)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(theta)
     if arch == "llama":
         w.add_rope_dimension_count(head_dim)
     if arch == "qwen3":
-        w.add_key_length(head_dim), w.add_value_length(head_dim)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     if vocab == "gpt2":
         tokens, types, merges = gpt2_vocab()
-        w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("qwen2" if arch.startswith("qwen") else "llama-bpe")
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2" if arch.startswith("qwen") else "llama-bpe")
         w.add_token_merges(merges)
-        w.add_bos_token_id(tokens.index("<|begin_of_text|>")), w.add_eos_token_id(tokens.index("<|end_of_text|>"))
+        w.add_bos_token_id(tokens.index("<|begin_of_text|>"))
+        w.add_eos_token_id(tokens.index("<|end_of_text|>"))
         w.add_add_bos_token(arch == "llama")
     else:
         tokens, types, scores = spm_vocab()
-        w.add_tokenizer_model("llama"), w.add_token_scores(scores)
-        w.add_bos_token_id(1), w.add_eos_token_id(2), w.add_unk_token_id(0), w.add_add_space_prefix(True)
-    w.add_token_list(tokens), w.add_token_types(types)
+        w.add_tokenizer_model("llama")
+        w.add_token_scores(scores)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_space_prefix(True)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
     vocab_size, tied = len(tokens), arch != "llama"
 
     weights: dict[str, np.ndarray] = {}
@@ -210,9 +225,15 @@ def write_tiny(path: Path, arch: str, vocab: str = "gpt2", *, rope_freqs: float 
         put(f"{blk}.ffn_down.weight", f"{hf}.mlp.down_proj.weight", (hidden, inter), QT.Q8_0)
     if extra is not None:
         w.add_tensor(*extra)
-    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
-    w.close()
+    write_out(w)
     return Tiny(path, weights, tied)
+
+
+def write_out(w: GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +307,44 @@ def test_byte_alphabet_is_gpt2s():
     assert byte_alphabet() == bytes_to_unicode()
 
 
+def spm_metadata(**overrides) -> dict:
+    tokens, types, scores = spm_vocab()
+    return {"general.architecture": "llama", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": np.array(types, np.int32), "tokenizer.ggml.scores": np.array(scores),
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, **overrides}
+
+
+def test_sentencepiece_without_space_prefix():
+    """add_space_prefix=False (as in Gemma files) must not put a "▁" before the text."""
+    tok = Tokenizer.from_str(convert_tokenizer(spm_metadata(**{"tokenizer.ggml.add_space_prefix": False}),
+                                               "m.gguf").tokenizer_json)
+    assert tok.encode("the world", add_special_tokens=False).tokens == ["t", "he", "▁world"]
+    with_prefix = Tokenizer.from_str(convert_tokenizer(spm_metadata(), "m.gguf").tokenizer_json)
+    assert with_prefix.encode("the world", add_special_tokens=False).tokens == ["▁the", "▁world"]
+    assert with_prefix.decode(with_prefix.encode("the world").ids, skip_special_tokens=True) == "the world"
+
+
+def test_end_of_turn_ids_join_eos_in_generation_config():
+    converted = convert_tokenizer(spm_metadata(**{"tokenizer.ggml.eot_token_id": 5}), "m.gguf")
+    assert converted.generation_config == {"bos_token_id": 1, "eos_token_id": [2, 5]}
+    assert converted.tokenizer_config["eos_token_id"] == 2
+
+
+@pytest.mark.parametrize("overrides, code, fragment", [
+    ({"tokenizer.ggml.model": "bert"}, "gguf_unsupported_tokenizer", "'bert'"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "llama-bpe"}, "gguf_missing_key", "merges"),
+    ({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.merges": [], "tokenizer.ggml.pre": "tekken"},
+     "gguf_unsupported_tokenizer", "'tekken'"),
+    ({"tokenizer.ggml.tokens": None}, "gguf_missing_key", "tokenizer.ggml.tokens"),
+    ({"tokenizer.ggml.bos_token_id": 10_000}, "gguf_bad_value", "bos_token_id"),
+    ({"tokenizer.ggml.scores": np.zeros(3)}, "gguf_bad_value", "3 entries"),
+])
+def test_bad_tokenizer_metadata(overrides, code, fragment):
+    with pytest.raises(ModelError) as info:
+        convert_tokenizer(spm_metadata(**overrides), "m.gguf")
+    assert info.value.code == code and fragment in info.value.message and "m.gguf" in info.value.message
+
+
 def test_unpermute_inverts_llama_cpp_permute():
     w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
     for heads in (1, 2, 8):
@@ -313,7 +372,6 @@ def test_loading_imports_neither_torch_nor_transformers(tiny):
 def test_source_fields(tiny):
     t = tiny("qwen3")
     source = load_gguf(str(t.path))
-    import hashlib
     assert source.kind == "gguf" and source.path == str(t.path)
     assert source.source_sha256 == hashlib.sha256(t.path.read_bytes()).hexdigest()
 
@@ -387,8 +445,7 @@ def test_unsupported_architecture(tmp_path):
     w = GGUFWriter(str(path), "phi3")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
-    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file()
-    w.close()
+    write_out(w)
     expect_error(path, "gguf_unsupported_arch", "'phi3'", "gemma3, llama, qwen2, qwen3")
 
 
@@ -427,6 +484,10 @@ def test_default_tokenizer_matches_transformers(default_source, default_path):
     ref = hf_tokenizer(default_path)
     texts = TEXTS + ["<start_of_turn>user\nhi<end_of_turn>", "<table><tr>", "<unk><mask>", "ŉ\x00\x7f"]
     assert_same_ids(default_source.tokenizer_json, ref, texts)
+    mine_model = json.loads(default_source.tokenizer_json)["model"]
+    ref_model = json.loads(ref.backend_tokenizer.to_str())["model"]
+    assert mine_model["merges"] == ref_model["merges"]  # the 514,906 merges derived from the vocabulary
+    assert mine_model["vocab"] == ref_model["vocab"]
     assert Tokenizer.from_str(default_source.tokenizer_json).get_vocab_size() == 262144
     config = default_source.tokenizer_config
     assert (config["bos_token"], config["eos_token"], config["pad_token"], config["unk_token"]) == (
