@@ -113,7 +113,13 @@ def read_gguf(path: str) -> GgufFile:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ModelError("gguf_not_found", f"GGUF file {path!r} does not exist (or is not a regular file)")
-    size = os.path.getsize(path)
+    try:
+        return _read_file(path, os.path.getsize(path))
+    except OSError as e:
+        raise ModelError("gguf_unreadable", f"GGUF file {path!r} cannot be read: {e.strerror or e}") from None
+
+
+def _read_file(path: str, size: int) -> GgufFile:
     with open(path, "rb") as f:
         head = f.read(8)
         if head[:4] != GGUF_MAGIC[:len(head[:4])]:
@@ -159,6 +165,8 @@ def _read_tables(cur: _Cursor, path: str, size: int) -> tuple[dict, dict]:
     data_start = -(-cur.pos // alignment) * alignment
     tensors = {}
     for name, dims, ggml_type, rel in raw:
+        if name in tensors:
+            raise ValueError(f"tensor {name!r} is listed twice")
         n_bytes = _tensor_bytes(path, name, dims, ggml_type)
         end = data_start + rel + n_bytes
         if end > size:
