@@ -1,0 +1,120 @@
+"""`calculet bench run | report | compare`: measure any OpenAI-compatible server from the client side."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+_RUN_HELP = """Load an OpenAI-compatible server and record every request (RUN/records.jsonl).
+Lists (comma-separated) sweep: --concurrency 1,8 or --rate 1,2,4; --prompt-tokens 256,1024 or auto."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser("bench", help="benchmark an OpenAI-compatible server",
+                                  description=__doc__.splitlines()[0])
+    sub = bench.add_subparsers(dest="bench_command", metavar="{run,report,compare}")
+    bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
+
+    run = sub.add_parser("run", help="run a load test", description=_RUN_HELP)
+    run.add_argument("--scenario", type=Path, help="JSON or TOML file of these settings (flags override it)")
+    target = run.add_argument_group("target")
+    target.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8080 (with or without /v1)")
+    target.add_argument("--model", help="model name to send (as the server lists it)")
+    target.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    target.add_argument("--api", choices=("completions", "chat"), help="endpoint (default: completions)")
+    target.add_argument("--timeout", type=float, help="seconds per request (default: 600)")
+    load = run.add_argument_group("load")
+    load.add_argument("--load", choices=("closed", "poisson", "gamma", "constant"),
+                      help="closed loop, or open-loop arrivals (default: closed, or poisson with --rate)")
+    load.add_argument("--concurrency", help="closed loop: concurrent clients (list sweeps; default 1)")
+    load.add_argument("--rate", help="open loop: requests/s (list sweeps)")
+    load.add_argument("--burstiness", type=float, help="gamma shape: 1 Poisson, <1 burstier (default 1)")
+    load.add_argument("--max-concurrency", type=int, help="open loop: cap on requests in flight")
+    work = run.add_argument_group("workload")
+    work.add_argument("--prompt-tokens", help="prompt lengths in tokens, or 'auto' (1,16,256,1K,2K,4K… "
+                      "up to the context) (default: 256)")
+    work.add_argument("--output-tokens", type=int, help="output tokens per request (default: 128)")
+    work.add_argument("--no-fixed-output", dest="fixed_output", action="store_const", const=False,
+                      help="do not send ignore_eos/min_tokens")
+    work.add_argument("--prompts", type=Path, help="JSONL of prompts ({'prompt': …} or {'messages': …}) "
+                      "instead of buckets; a run's prompts.jsonl replays its prompts")
+    work.add_argument("--tokenizer", type=Path, help="tokenizer.json to count tokens (default: server's /tokenize)")
+    work.add_argument("--max-context", type=int, help="context length, when the server does not report it")
+    bound = run.add_argument_group("bounds and output")
+    bound.add_argument("--requests", type=int, help="requests per phase (default: 64, or the prompts file)")
+    bound.add_argument("--duration", type=float, help="seconds per phase before sending stops")
+    bound.add_argument("--warmup", type=int, help="warm-up requests, not counted (default: 2)")
+    bound.add_argument("--seed", type=int, help="seed for prompts and arrivals (default: 0)")
+    bound.add_argument("--slo", help="goodput limits, e.g. ttft=500ms,tpot=50ms,e2e=10s")
+    bound.add_argument("--out", type=Path, help="run directory (default: calculet-bench/<time>)")
+    bound.add_argument("--label", help="name of this server in reports (default: its URL)")
+    bound.add_argument("--no-progress", dest="progress", action="store_const", const=False,
+                       help="no progress bar")
+    bound.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    run.set_defaults(func=_run)
+
+    report = sub.add_parser("report", help="write report.md, summary.json and plots for a run")
+    report.add_argument("run", type=Path, help="run directory or its records.jsonl")
+    report.add_argument("--out", type=Path, help="folder for the report (default: the run directory)")
+    report.add_argument("--slo", help="goodput limits (default: the run's own)")
+    report.set_defaults(func=_report)
+
+    compare = sub.add_parser("compare", help="two runs side by side with B/A ratios")
+    compare.add_argument("a", type=Path, help="baseline run (directory or records.jsonl)")
+    compare.add_argument("b", type=Path, help="run to compare with it")
+    compare.add_argument("--slo", help="goodput limits applied to both runs")
+    compare.add_argument("--out", type=Path, help="also write the table to this Markdown file")
+    compare.set_defaults(func=_compare)
+
+
+_RUN_KEYS = ("url", "model", "api_key", "api", "timeout", "load", "concurrency", "rate", "burstiness",
+             "max_concurrency", "prompt_tokens", "output_tokens", "fixed_output", "prompts", "tokenizer",
+             "max_context", "requests", "duration", "warmup", "seed", "slo", "out", "progress", "label")
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Scenario-file values overridden by the flags that were given."""
+    from calculet.bench.config import read_scenario_file
+
+    settings = read_scenario_file(args.scenario) if args.scenario else {}
+    for key in _RUN_KEYS:
+        value = getattr(args, key, None)
+        if value is not None:
+            settings[key] = str(value) if isinstance(value, Path) else value
+    return settings
+
+
+def _run(args: argparse.Namespace) -> int:
+    from calculet.bench.config import build_config
+    from calculet.bench.metrics import summarize
+    from calculet.bench.records import read_records
+    from calculet.bench.report import summary_table, write_report
+    from calculet.bench.runner import run_benchmark
+
+    config = build_config(run_settings(args))
+    records = run_benchmark(config)
+    print("\n".join(summary_table(summarize(read_records(records), config.slo))))
+    if not args.no_report:
+        print(f"report: {write_report(records.parent)}")
+    print(f"records: {records}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from calculet.bench.report import write_report
+    from calculet.bench.slo import parse_slo
+
+    print(write_report(args.run, args.out, parse_slo(args.slo) if args.slo else None))
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from calculet.bench.compare import compare_runs
+    from calculet.bench.slo import parse_slo
+
+    text = compare_runs(args.a, args.b, parse_slo(args.slo))
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n", encoding="utf-8")
+    return 0
