@@ -67,12 +67,6 @@ ERROR_TYPES = (
     "bad_response",       # a chunk that is not JSON or not an OpenAI completion chunk
     "http_error",         # any other transport failure (named in `error`)
 )
-    "connect",            # no connection could be made
-    "timeout",            # no byte within the request timeout
-    "stream_dropped",     # the connection closed in the middle of the stream
-    "stream_incomplete",  # the stream ended cleanly but without a finish reason or [DONE]
-    "bad_response",       # a chunk that is not JSON or not an OpenAI completion chunk
-)
 
 
 @dataclass
