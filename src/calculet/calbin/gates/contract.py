@@ -1,0 +1,300 @@
+"""Gate C, contract: lanes, context, vocab, KV layout and dtypes agree everywhere they are stated.
+
+    manifest (profile, kv, hyperparameters, tokenizer)  ==  graphs[] as declared  ==  each .onnx's inputs/outputs
+                                                        ==  tokenizer.json (vocab, special ids)
+
+Each KV tensor is [lanes, kv_heads, context, head_dim]; its dimensions are split over C.lanes,
+C.context and C.kv_shape so that one wrong number fails one check. A graph's type must agree with
+its shapes: prefill runs one lane with many tokens (or a last_index input), decode one token per lane.
+"""
+
+from __future__ import annotations
+
+from calculet.calbin.validate_report import Check, Rule, Severity
+from calculet.calbin.gates.context import GateContext
+
+GRAPH_IO = Rule("C.graph_io", "each .onnx declares exactly the inputs and outputs the manifest lists (names, static shapes, dtypes)")
+LANES = Rule("C.lanes", "lanes agree: profile, KV layout, decode graph (= lanes) and prefill graphs (= 1), on every tensor")
+CONTEXT = Rule("C.context", "context agrees: profile, KV layout and every KV tensor")
+CONTEXT_TRAINED = Rule("C.context_trained", "the context does not exceed the model's max_position_embeddings", Severity.WARNING)
+PREFILL_CHUNKS = Rule("C.prefill_chunks", "prefill graphs cover exactly the profile's chunk sizes, prefill_<S> taking S tokens")
+GRAPH_TYPE = Rule("C.graph_type", "each graph's type agrees with its shapes; one decode graph, at least one prefill graph")
+KV_SHAPE = Rule("C.kv_shape", "KV layout agrees with the model: layers, kv heads, head_dim; past_*/present_* pairs per layer")
+DTYPE = Rule("C.dtype", "dtypes agree: KV tensors use the KV dtype; ids int64, seqlens int32, logits float32")
+VOCAB = Rule("C.vocab", "vocab agrees: model, every graph's logits, the manifest's tokenizer entry and tokenizer.json")
+TOKENIZER = Rule("C.tokenizer", "tokenizer.json is readable and holds a vocabulary")
+SPECIAL_TOKENS = Rule("C.special_tokens", "BOS, EOS and PAD ids are tokens of the tokenizer and inside the model vocab")
+RULES = (GRAPH_IO, LANES, CONTEXT, CONTEXT_TRAINED, PREFILL_CHUNKS, GRAPH_TYPE, KV_SHAPE, DTYPE, VOCAB, TOKENIZER,
+         SPECIAL_TOKENS)
+
+FIXED_DTYPES = {"input_ids": "int64", "seqlens_k": "int32", "total_seq_len": "int32", "last_index": "int64",
+                "logits": "float32"}
+KV_PREFIXES = ("past_key.", "past_value.", "present_key.", "present_value.")
+
+
+def run(ctx: GateContext) -> list[Check]:
+    m = ctx.manifest
+    graphs = ctx.graphs()
+    vocab_ids, tok_problem = _tokenizer_ids(ctx)
+    return [
+        GRAPH_IO.check([p for g in graphs for p in _io_problems(ctx, g)], f"{len(graphs)} graphs declare what the manifest lists"),
+        LANES.check(_lanes_problems(m, graphs), f"lanes {m.profile.lanes} (prefill 1)"),
+        CONTEXT.check(_context_problems(m, graphs), f"context {m.profile.context}"),
+        _context_trained(ctx),
+        PREFILL_CHUNKS.check(_chunk_problems(m, graphs), f"prefill chunks {list(m.profile.prefill_chunks)}"),
+        GRAPH_TYPE.check(_type_problems(graphs), "graph types agree with their shapes"),
+        KV_SHAPE.check(_kv_problems(ctx, graphs), f"KV {m.kv.layout} [lanes, {m.kv.kv_heads}, context, {m.kv.head_dim}] "
+                                                   f"x {m.kv.num_layers} layers"),
+        DTYPE.check(_dtype_problems(m, graphs), f"KV {m.kv.dtype}; fixed I/O dtypes"),
+        VOCAB.check(_vocab_problems(ctx, graphs, vocab_ids), f"vocab {ctx.hparams().get('vocab_size')}",
+                    {"model": ctx.hparams().get("vocab_size"), "tokenizer_manifest": m.tokenizer.vocab_size,
+                     "tokenizer_json": len(vocab_ids) if vocab_ids is not None else None}),
+        TOKENIZER.check([tok_problem] if tok_problem else [], "tokenizer.json readable"),
+        SPECIAL_TOKENS.check(_special_problems(ctx, vocab_ids), "special token ids in range",
+                             {"bos": m.tokenizer.bos_token_id, "eos": list(m.tokenizer.eos_token_ids), "pad": m.tokenizer.pad_token_id}),
+    ]
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+def _tensors(g: dict, io: str) -> dict[str, dict]:
+    return {t["name"]: t for t in g.get(io, []) if isinstance(t, dict) and "name" in t}
+
+
+def _onnx_tensors(values) -> dict[str, tuple[list, str]]:
+    """name -> (shape with None for a symbolic or unknown dim, numpy dtype name)."""
+    from onnx import helper
+
+    out = {}
+    for v in values:
+        tt = v.type.tensor_type
+        try:
+            dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+        except (KeyError, ValueError):
+            dtype = f"onnx-type-{tt.elem_type}"
+        if not tt.HasField("shape"):
+            shape = None
+        else:
+            shape = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        out[v.name] = (shape, dtype)
+    return out
+
+
+def _kv_tensors(g: dict) -> list[tuple[str, dict]]:
+    return [(io, t) for io in ("inputs", "outputs") for t in g.get(io, [])
+            if isinstance(t, dict) and str(t.get("name", "")).startswith(KV_PREFIXES)]
+
+
+def _dim(t: dict, i: int):
+    shape = t.get("shape") or []
+    return shape[i] if len(shape) > i else None
+
+
+# ---- checks ------------------------------------------------------------------------------------
+
+def _io_problems(ctx: GateContext, g: dict) -> list[str]:
+    name = g.get("name")
+    model = ctx.onnx_model(str(g.get("file")))
+    if model is None:
+        return []  # E.load reports why
+    problems = []
+    if model.graph.name != name:
+        problems.append(f"graph {name!r}: the .onnx graph is named {model.graph.name!r}")
+    initializers = {t.name for t in model.graph.initializer}
+    for io, values in (("inputs", [v for v in model.graph.input if v.name not in initializers]), ("outputs", model.graph.output)):
+        declared, actual = _tensors(g, io), _onnx_tensors(values)
+        for t in sorted(set(declared) - set(actual)):
+            problems.append(f"graph {name!r}: {io[:-1]} {t!r} is in the manifest but not in the .onnx")
+        for t in sorted(set(actual) - set(declared)):
+            problems.append(f"graph {name!r}: {io[:-1]} {t!r} is in the .onnx but not in the manifest")
+        for t in sorted(set(declared) & set(actual)):
+            shape, dtype = actual[t]
+            if shape is None or any(d is None or d < 1 for d in shape):
+                problems.append(f"graph {name!r}: {io[:-1]} {t!r} has a shape that is not static: {shape}")
+            elif shape != list(declared[t].get("shape", [])):
+                problems.append(f"graph {name!r}: {io[:-1]} {t!r} is {shape} in the .onnx, {declared[t].get('shape')} in the manifest")
+            if dtype != declared[t].get("dtype"):
+                problems.append(f"graph {name!r}: {io[:-1]} {t!r} is {dtype} in the .onnx, {declared[t].get('dtype')} in the manifest")
+    return problems
+
+
+def _lanes_problems(m, graphs: list[dict]) -> list[str]:
+    problems = []
+    if m.kv.lanes != m.profile.lanes:
+        problems.append(f"kv.lanes {m.kv.lanes} != profile.lanes {m.profile.lanes}")
+    for g in graphs:
+        name, lanes = g.get("name"), g.get("lanes")
+        want = m.profile.lanes if g.get("type") == "decode" else 1
+        if g.get("type") in ("prefill", "decode") and lanes != want:
+            problems.append(f"graph {name!r} ({g.get('type')}) has lanes {lanes}, expected {want}")
+        ins, outs = _tensors(g, "inputs"), _tensors(g, "outputs")
+        for t, where in ((ins.get("input_ids"), "input_ids"), (ins.get("seqlens_k"), "seqlens_k"), (outs.get("logits"), "logits")):
+            if t is not None and _dim(t, 0) != lanes:
+                problems.append(f"graph {name!r}: {where} {t.get('shape')} has {_dim(t, 0)} rows, the graph has {lanes} lanes")
+        for _, t in _kv_tensors(g):
+            if _dim(t, 0) != lanes:
+                problems.append(f"graph {name!r}: {t['name']} {t.get('shape')} has {_dim(t, 0)} lanes, the graph has {lanes}")
+    return problems
+
+
+def _context_problems(m, graphs: list[dict]) -> list[str]:
+    problems = []
+    context = m.profile.context
+    if m.kv.context != context:
+        problems.append(f"kv.context {m.kv.context} != profile.context {context}")
+    for g in graphs:
+        for _, t in _kv_tensors(g):
+            if _dim(t, 2) != context:
+                problems.append(f"graph {g.get('name')!r}: {t['name']} {t.get('shape')} holds {_dim(t, 2)} positions, "
+                                f"the context is {context}")
+    return problems
+
+
+def _context_trained(ctx: GateContext) -> Check:
+    trained = ctx.hparams().get("max_position_embeddings")
+    context = ctx.manifest.profile.context
+    problems = []
+    if isinstance(trained, int) and context > trained:
+        problems.append(f"context {context} exceeds max_position_embeddings {trained}: positions past it were never trained")
+    return CONTEXT_TRAINED.check(problems, f"context {context} <= max_position_embeddings {trained}")
+
+
+def _chunk_problems(m, graphs: list[dict]) -> list[str]:
+    problems = []
+    prefill = [g for g in graphs if g.get("type") == "prefill"]
+    tokens = sorted(g.get("tokens") for g in prefill if isinstance(g.get("tokens"), int))
+    if tokens != sorted(m.profile.prefill_chunks):
+        problems.append(f"prefill graphs take {tokens} tokens; profile.prefill_chunks is {list(m.profile.prefill_chunks)}")
+    for g in graphs:
+        name, n = g.get("name"), g.get("tokens")
+        if g.get("type") == "prefill" and isinstance(name, str) and name.startswith("prefill_") and name != f"prefill_{n}":
+            problems.append(f"graph {name!r} takes {n} tokens; its name says {name.removeprefix('prefill_')}")
+        ids = _tensors(g, "inputs").get("input_ids")
+        if ids is not None and _dim(ids, 1) != n:
+            problems.append(f"graph {name!r}: input_ids {ids.get('shape')} holds {_dim(ids, 1)} tokens per lane, the graph says {n}")
+    return problems
+
+
+def _type_problems(graphs: list[dict]) -> list[str]:
+    problems = []
+    for g in graphs:
+        name, kind, lanes, tokens = g.get("name"), g.get("type"), g.get("lanes"), g.get("tokens")
+        has_last = "last_index" in _tensors(g, "inputs")
+        if kind == "decode":
+            if tokens != 1:
+                problems.append(f"graph {name!r} is labelled decode but takes {tokens} tokens per lane (decode takes 1)")
+            if has_last:
+                problems.append(f"graph {name!r} is labelled decode but has a last_index input (a prefill input)")
+        elif kind == "prefill":
+            if lanes != 1:
+                problems.append(f"graph {name!r} is labelled prefill but has {lanes} lanes (prefill runs one lane)")
+            if not (isinstance(tokens, int) and tokens > 1) and not has_last:
+                problems.append(f"graph {name!r} is labelled prefill but takes {tokens} token and has no last_index input")
+    n_decode = sum(g.get("type") == "decode" for g in graphs)
+    if n_decode != 1:
+        problems.append(f"{n_decode} graphs are labelled decode; the runtime needs exactly one")
+    if not any(g.get("type") == "prefill" for g in graphs):
+        problems.append("no graph is labelled prefill; the runtime needs at least one")
+    return problems
+
+
+def _kv_problems(ctx: GateContext, graphs: list[dict]) -> list[str]:
+    kv, hp = ctx.manifest.kv, ctx.hparams()
+    problems = []
+    if kv.layout != "BNSH":
+        problems.append(f"kv.layout {kv.layout!r} is not BNSH ([lanes, kv_heads, context, head_dim]), the only layout")
+    for field, key in (("num_layers", "num_layers"), ("kv_heads", "num_kv_heads"), ("head_dim", "head_dim")):
+        if getattr(kv, field) != hp.get(key):
+            problems.append(f"kv.{field} {getattr(kv, field)} != model {key} {hp.get(key)}")
+    layers = hp.get("num_layers") if isinstance(hp.get("num_layers"), int) else kv.num_layers
+    for g in graphs:
+        name = g.get("name")
+        ins, outs = _tensors(g, "inputs"), _tensors(g, "outputs")
+        want_in = {f"past_{p}.{i}" for p in ("key", "value") for i in range(layers)}
+        want_out = {f"present_{p}.{i}" for p in ("key", "value") for i in range(layers)}
+        have_in = {n for n in ins if n.startswith(KV_PREFIXES)}
+        have_out = {n for n in outs if n.startswith(KV_PREFIXES)}
+        for missing in sorted(want_in - have_in) + sorted(want_out - have_out):
+            problems.append(f"graph {name!r} lacks the KV tensor {missing!r}")
+        for extra in sorted(have_in - want_in) + sorted(have_out - want_out):
+            problems.append(f"graph {name!r} has an unexpected KV tensor {extra!r} ({layers} layers)")
+        for _, t in _kv_tensors(g):
+            shape = t.get("shape") or []
+            if len(shape) != 4:
+                problems.append(f"graph {name!r}: {t['name']} has shape {shape}, expected rank 4 (BNSH)")
+            elif (shape[1], shape[3]) != (kv.kv_heads, kv.head_dim):
+                problems.append(f"graph {name!r}: {t['name']} {shape} has {shape[1]} heads x {shape[3]} head_dim, "
+                                f"the KV layout says {kv.kv_heads} x {kv.head_dim}")
+        if kv.in_place:
+            for out in sorted(have_out & want_out):
+                past = ins.get(out.replace("present_", "past_", 1))
+                if past is not None and (past.get("shape"), past.get("dtype")) != (outs[out].get("shape"), outs[out].get("dtype")):
+                    problems.append(f"graph {name!r}: {out} cannot update its past buffer in place: "
+                                    f"{outs[out].get('shape')} {outs[out].get('dtype')} vs {past.get('shape')} {past.get('dtype')}")
+    return problems
+
+
+def _dtype_problems(m, graphs: list[dict]) -> list[str]:
+    problems = []
+    for g in graphs:
+        for io in ("inputs", "outputs"):
+            for t in g.get(io, []):
+                name = t.get("name", "")
+                want = m.kv.dtype if name.startswith(KV_PREFIXES) else FIXED_DTYPES.get(name)
+                if want is not None and t.get("dtype") != want:
+                    problems.append(f"graph {g.get('name')!r}: {name} is {t.get('dtype')}, expected {want}")
+    return problems
+
+
+def _tokenizer_ids(ctx: GateContext) -> tuple[set[int] | None, str | None]:
+    tok = ctx.tokenizer_json()
+    if isinstance(tok, str):
+        return None, tok
+    model = tok.get("model") if isinstance(tok.get("model"), dict) else {}
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict):
+        ids = {v for v in vocab.values() if isinstance(v, int)}
+    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...], ids are positions
+        ids = set(range(len(vocab)))
+    else:
+        return None, "tokenizer.json has no model.vocab"
+    ids |= {a["id"] for a in tok.get("added_tokens") or [] if isinstance(a, dict) and isinstance(a.get("id"), int)}
+    return ids, None
+
+
+def _vocab_problems(ctx: GateContext, graphs: list[dict], vocab_ids: set[int] | None) -> list[str]:
+    vocab = ctx.hparams().get("vocab_size")
+    declared = ctx.manifest.tokenizer.vocab_size
+    problems = []
+    for g in graphs:
+        logits = _tensors(g, "outputs").get("logits")
+        if logits is None:
+            problems.append(f"graph {g.get('name')!r} has no logits output")
+        elif _dim(logits, 1) != vocab:
+            problems.append(f"graph {g.get('name')!r}: logits {logits.get('shape')} cover {_dim(logits, 1)} ids, the model vocab is {vocab}")
+    if declared > vocab:
+        problems.append(f"the manifest's tokenizer has {declared} tokens, more than the model's vocab_size {vocab}")
+    if vocab_ids is not None:
+        count = max(vocab_ids) + 1 if vocab_ids else 0
+        if count != declared:
+            problems.append(f"tokenizer.json holds {count} token ids, the manifest's tokenizer.vocab_size says {declared}")
+        if count > vocab:
+            problems.append(f"tokenizer.json holds ids up to {count - 1}, outside the model vocab 0..{vocab - 1}")
+    return problems
+
+
+def _special_problems(ctx: GateContext, vocab_ids: set[int] | None) -> list[str]:
+    tok, vocab = ctx.manifest.tokenizer, ctx.hparams().get("vocab_size")
+    limit = min(vocab, tok.vocab_size)
+    problems = []
+    named = [("bos", tok.bos_token_id), ("pad", tok.pad_token_id)] + [("eos", e) for e in tok.eos_token_ids]
+    for name, value in named:
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit:
+            problems.append(f"{name} token id {value!r} is outside the vocabulary 0..{limit - 1}")
+        elif vocab_ids is not None and value not in vocab_ids:
+            problems.append(f"{name} token id {value} is not a token of tokenizer.json")
+    if tok.bos_token_id is None and tok.add_bos_token:
+        problems.append("add_bos_token is true but there is no bos_token_id")
+    return problems
