@@ -41,8 +41,8 @@ def test_greedy_32_tokens_equal_transformers(device, reference):
     assert gen.tokens == ref_tokens, (tokenizer.decode(gen.tokens), tokenizer.decode(ref_tokens))
     ref_logits = reference_last_logits(reference, ids)
     err = float(np.abs(gen.prompt_logits - ref_logits).max())
-    assert err < 1e-2, f"last-token logits differ by {err}"
-    assert "Paris" in tokenizer.decode(gen.tokens[:8])
+    assert err < 1e-3, f"last-token logits differ by {err}"
+    print(f"default model: 32 greedy tokens equal; last-token logits max abs error {err:.2e}")
 
 
 def test_manifest_describes_default_model(default_calbin):
