@@ -14,6 +14,9 @@ A directive inside the prompt text changes the answer:
     #drop → 3 tokens, then the connection is cut mid-stream
     #eos3 → stops after 3 tokens with finish_reason "stop" (a server ignoring ignore_eos)
     #nousage → no usage chunk even when asked
+    #stale → the first time this prompt comes, the connection is closed with no answer (as a server
+             closing an idle keep-alive connection does); later it is answered
+    #disconnect → the connection is always closed with no answer
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, POST /tokenize, GET /v1/models.
 Tokenizer: whitespace-separated words; a word of n characters is ceil(n/4) tokens; usage adds a BOS.
@@ -43,6 +46,7 @@ class Dropped(Exception):
 class ScriptedServer:
     def __init__(self, ttft_s: float, gap_s: float):
         self.ttft_s, self.gap_s = ttft_s, gap_s
+        self.seen: set[str] = set()
 
     # --- HTTP/1.1 plumbing -----------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -95,6 +99,10 @@ class ScriptedServer:
             text = " ".join(m.get("content", "") for m in body.get("messages", []))
         else:
             text = body.get("prompt", "")
+        if "#disconnect" in text or ("#stale" in text and text not in self.seen):
+            self.seen.add(text)
+            writer.transport.abort()
+            raise Dropped()
         if "#429" in text:
             return await self.send_json(writer, 429, {"error": {"message": "too many requests"}})
         if "#500" in text:

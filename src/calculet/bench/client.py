@@ -33,6 +33,7 @@ class StreamResult:
     output_chars: int = 0
     finish_reason: str | None = None
     server_timings: dict[str, Any] | None = None
+    attempts: int = 1
 
 
 def request_body(model: str, prompt_body: dict[str, Any], max_tokens: int, fixed_output: bool) -> dict[str, Any]:
@@ -109,12 +110,24 @@ class _ServerStreamError(Exception):
     pass
 
 
+# A server may close an idle keep-alive connection just as the client reuses it (llama.cpp's HTTP
+# library closes them after 5 s). Such a request got no byte back and is sent again at once.
+MAX_ATTEMPTS = 3
+
+
 async def stream_request(http: httpx.AsyncClient, url: str, body: dict[str, Any],
                          clock: Callable[[], int]) -> StreamResult:
-    """Send one streaming request; `clock()` gives nanoseconds on the run's monotonic clock."""
-    result = StreamResult(t_sent_ns=clock())
-    stream = _Stream(result)
-    failure = await _read_stream(http, url, body, clock, stream)
+    """Send one streaming request; `clock()` gives nanoseconds on the run's monotonic clock.
+
+    A request the server closed without any response ("disconnected") is retried on a new
+    connection, up to MAX_ATTEMPTS in all; the record then holds the last attempt's times and
+    `attempts` says how many were made."""
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        result = StreamResult(t_sent_ns=clock(), attempts=attempt)
+        stream = _Stream(result)
+        failure = await _read_stream(http, url, body, clock, stream)
+        if failure is None or failure[0] != "disconnected" or attempt == MAX_ATTEMPTS:
+            break
     result.t_done_ns = clock()
     stream.finish()  # partial counts are kept for failed requests too
     if failure is None and result.finish_reason is None and not stream.done_marker:

@@ -42,6 +42,7 @@ Record fields (schema version 1):
 | `output_chars` | int | characters of output text received |
 | `finish_reason` | str or null | as the server reported (`length`, `stop`, …) |
 | `server_timings` | dict or null | the server's own timings, as returned (e.g. llama.cpp's `timings`) |
+| `attempts` | int | 1, or more when the server had closed the reused connection without answering and the request was sent again (the times are the last attempt's) |
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class RequestRecord:
     output_chars: int = 0
     finish_reason: str | None = None
     server_timings: dict[str, Any] | None = None
+    attempts: int = 1
     schema: int = SCHEMA_VERSION
 
     @property
