@@ -30,6 +30,7 @@ RULES = (GRAPH_IO, LANES, CONTEXT, CONTEXT_TRAINED, PREFILL_CHUNKS, GRAPH_TYPE, 
 FIXED_DTYPES = {"input_ids": "int64", "seqlens_k": "int32", "total_seq_len": "int32", "last_index": "int64",
                 "logits": "float32"}
 KV_PREFIXES = ("past_key.", "past_value.", "present_key.", "present_value.")
+MAX_LAYERS = 4096  # above this a manifest is not describing a real model; stop before building huge name sets
 
 
 def run(ctx: GateContext) -> list[Check]:
@@ -207,6 +208,8 @@ def _kv_problems(ctx: GateContext, graphs: list[dict]) -> list[str]:
         if getattr(kv, field) != hp.get(key):
             problems.append(f"kv.{field} {getattr(kv, field)} != model {key} {hp.get(key)}")
     layers = hp.get("num_layers") if isinstance(hp.get("num_layers"), int) else kv.num_layers
+    if not 1 <= layers <= MAX_LAYERS:
+        return problems + [f"num_layers {layers} is outside 1..{MAX_LAYERS}; per-layer KV tensors not checked"]
     for g in graphs:
         name = g.get("name")
         ins, outs = _tensors(g, "inputs"), _tensors(g, "outputs")
@@ -258,7 +261,8 @@ def _tokenizer_ids(ctx: GateContext) -> tuple[set[int] | None, str | None]:
         ids = set(range(len(vocab)))
     else:
         return None, "tokenizer.json has no model.vocab"
-    ids |= {a["id"] for a in tok.get("added_tokens") or [] if isinstance(a, dict) and isinstance(a.get("id"), int)}
+    added = tok.get("added_tokens") if isinstance(tok.get("added_tokens"), list) else []
+    ids |= {a["id"] for a in added if isinstance(a, dict) and isinstance(a.get("id"), int)}
     return ids, None
 
 

@@ -174,6 +174,8 @@ def _components(ctx: GateContext, regions: list[dict]) -> list[str]:
             problems.append(f"region {name!r} is {r['size']} bytes, {what} needs {least}")
 
     need("weights", int(ctx.section("weights").get("bytes", 0)), "weights.bytes")
+    if 2 * kv.num_layers > len(regions):
+        return problems + [f"kv.num_layers {kv.num_layers} needs {2 * kv.num_layers} KV regions; the plan has {len(regions)} regions in all"]
     for i in range(kv.num_layers):
         for part in ("key", "value"):
             need(f"kv.{part}.{i}", kv.bytes_per_buffer, f"one {kv.dtype} KV buffer {list(kv.shape)}")

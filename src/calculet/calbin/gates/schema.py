@@ -8,6 +8,8 @@ every size in bytes, said so in its name or by the memory plan's `unit`.
 
 from __future__ import annotations
 
+import re
+
 from calculet.calbin.manifest import SUPPORTED_SCHEMAS, Manifest, Profile
 from calculet.calbin.validate_report import Check, Rule, Severity
 from calculet.calbin.gates.context import GateContext
@@ -41,6 +43,7 @@ OTHER_UNITS = ("_b", "_kb", "_mb", "_gb", "_tb", "_kib", "_mib", "_gib", "_tib",
 
 _INT, _STR, _BOOL, _LIST, _DICT = "integer", "string", "boolean", "list", "object"
 _SIZE = "size"  # a byte count: presence checked here, type and unit by B.size_unit
+_SHA256 = "SHA-256 (64 lowercase hex digits)"
 # (path, JSON type). "[]" walks a list, "*" the values of an object; "?" after a type allows null.
 REQUIRED: tuple[tuple[str, str], ...] = (
     ("schema_version", _STR), ("target", _STR),
@@ -67,7 +70,7 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("memory_plan.aliases", _LIST), ("memory_plan.aliases[].name", _STR), ("memory_plan.aliases[].alias_of", _STR),
     ("memory_plan.total_bytes", _SIZE), ("memory_plan.device_memory_required_bytes", _SIZE),
     ("toolchain", _DICT),
-    ("files", _DICT), ("files.*.bytes", _SIZE), ("files.*.sha256", _STR),
+    ("files", _DICT), ("files.*.bytes", _SIZE), ("files.*.sha256", _SHA256),
 )
 # Byte counts outside the memory plan (inside it, every number is in memory_plan.unit).
 SIZE_FIELDS = ("files.*.bytes", "weights.bytes", "weights.tensors[].offset", "weights.tensors[].nbytes")
@@ -94,8 +97,19 @@ def run(ctx: GateContext) -> list[Check]:
 
 # ---- fields ------------------------------------------------------------------------------------
 
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+class _NotAnObject:
+    """What `_walk` yields for a list item that should be an object and is not."""
+
+    def __init__(self, value):
+        self.value = value
+
+
 def _walk(value, parts: list[str], where: str):
-    """Yield (concrete path, value or KeyError) for every place `parts` reaches."""
+    """Yield (concrete path, value, KeyError when missing, or _NotAnObject) for every place `parts` reaches."""
     if not parts:
         yield where, value
         return
@@ -104,6 +118,9 @@ def _walk(value, parts: list[str], where: str):
     if key == "*":
         if isinstance(value, dict):
             for k, v in value.items():
+                if rest and not isinstance(v, dict):
+                    yield f"{where}.{k}" if where else k, _NotAnObject(v)
+                    continue
                 yield from _walk(v, rest, f"{where}.{k}" if where else k)
         return
     here = f"{where}.{key}" if where else key
@@ -116,6 +133,9 @@ def _walk(value, parts: list[str], where: str):
     if is_list:
         if isinstance(child, list):
             for i, item in enumerate(child):
+                if rest and not isinstance(item, dict):
+                    yield f"{here}[{i}]", _NotAnObject(item)
+                    continue
                 yield from _walk(item, rest, f"{here}[{i}]")
         return
     yield from _walk(child, rest, here)
@@ -128,6 +148,8 @@ def _type_ok(value, kind: str) -> bool:
         kind = kind[:-1]
     if kind == _SIZE:
         return True
+    if kind == _SHA256:
+        return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
     if kind == _INT:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, {_STR: str, _BOOL: bool, _LIST: list, _DICT: dict}[kind])
@@ -139,9 +161,15 @@ def _required_problems(raw: dict) -> list[str]:
         for where, value in _walk(raw, path.split("."), ""):
             if isinstance(value, KeyError):
                 problems.append(f"{where}: missing")
+            elif isinstance(value, _NotAnObject):
+                problems.append(f"{where}: expected object, got {type(value.value).__name__} {str(value.value)[:40]!r}")
             elif not _type_ok(value, kind):
                 want = kind.rstrip("?") + (" or null" if kind.endswith("?") else "")
                 problems.append(f"{where}: expected {want}, got {type(value).__name__} {str(value)[:40]!r}")
+    for path in ("graphs[].inputs[].shape", "graphs[].outputs[].shape", "weights.tensors[].shape"):
+        for where, value in _walk(raw, path.split("."), ""):
+            if isinstance(value, list) and not all(_is_size(d) for d in value):
+                problems.append(f"{where}: {value} must list whole-number dimensions")
     golden = raw.get("golden")
     if golden is not None and not (isinstance(golden, dict) and isinstance(golden.get("file"), str)):
         problems.append("golden: expected null or an object with a `file` string")
@@ -180,10 +208,10 @@ def _dtype_problems(ctx: GateContext) -> list[str]:
         problems.append(f"kv.dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
     for g in ctx.graphs():
         for io in ("inputs", "outputs"):
-            for t in g.get(io) or []:
+            for t in _list(g.get(io)):
                 if isinstance(t, dict) and t.get("dtype") not in DTYPES:
                     problems.append(f"graph {g.get('name')!r} {io[:-1]} {t.get('name')!r}: dtype {t.get('dtype')!r} is unknown")
-    for t in ctx.section("weights").get("tensors") or []:
+    for t in _list(ctx.section("weights").get("tensors")):
         if isinstance(t, dict) and t.get("dtype") not in DTYPES:
             problems.append(f"weight {t.get('name')!r}: dtype {t.get('dtype')!r} is unknown")
     return problems
@@ -259,7 +287,7 @@ def _size_problems(raw: dict) -> list[str]:
             problems.append(f"memory_plan.{key} = {value!r} carries no unit (name it {key}_bytes)")
         elif (low.endswith("_bytes") or key == "alignment") and not _is_size(value):
             problems.append(f"memory_plan.{key}: {value!r} is not a whole number of bytes")
-    for i, r in enumerate(plan.get("regions") or []):
+    for i, r in enumerate(_list(plan.get("regions"))):
         if not isinstance(r, dict):
             continue
         for key in ("offset", "size"):
