@@ -1,0 +1,97 @@
+"""Text rendering of an `InspectReport`: summary, graphs, op inventory, memory plan, quantization."""
+
+from __future__ import annotations
+
+from calculet.calbin.inspect import GraphSummary, InspectReport
+
+TOP_FAMILIES = 12  # shape families shown per graph in text (JSON has them all)
+
+
+def show_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def _table(rows: list[tuple], header: tuple, right: set[int] = frozenset()) -> list[str]:
+    rows = [tuple(str(c) for c in r) for r in rows]
+    widths = [max(len(str(h)), *(len(r[i]) for r in rows)) if rows else len(str(h)) for i, h in enumerate(header)]
+
+    def line(cells) -> str:
+        return "  ".join(f"{c:>{w}}" if i in right else f"{c:<{w}}" for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(header)] + [line(r) for r in rows]
+
+
+def render_text(report: InspectReport) -> str:
+    s = report.summary
+    model, profile, kv, tok, weights = s["model"], s["profile"], s["kv"], s["tokenizer"], s["weights"]
+    out = [
+        f"calbin {report.path}",
+        f"  schema {s['schema_version']}, target {s['target']}",
+        f"  model {model['family']} ({model['model_type']}): {model['num_layers']} layers, hidden {model['hidden_size']}, "
+        f"heads {model['num_heads']} / kv {model['num_kv_heads']} x {model['head_dim']}, vocab {model['vocab_size']}"
+        + (f", sliding window {model['sliding_window']}" if model.get("sliding_window") else ""),
+        f"  source {model['source'].get('kind')} {model['source'].get('path')} (sha256 {str(model['source'].get('sha256'))[:12]}…)",
+        f"  profile: lanes {profile['lanes']}, context {profile['context']}, prefill chunks {profile['prefill_chunks']}",
+        f"  kv: {kv['layout']} {kv['dtype']} {kv['shape']} x {kv['layers']} layers x (K, V) = {show_bytes(kv['total_bytes'])}"
+        + (", updated in place" if kv["in_place"] else ""),
+        f"  tokenizer: vocab {tok['vocab_size']}, bos {tok['bos_token_id']}, eos {tok['eos_token_ids']}, pad {tok['pad_token_id']}, "
+        f"add_bos {tok['add_bos_token']}, chat template {'yes' if tok['chat_template'] else 'no'}",
+        f"  weights: {weights['file']} {show_bytes(weights['bytes'])} in {weights['tensors']} tensors; "
+        f"{s['files']['count']} files, {show_bytes(s['files']['bytes'])}",
+        f"  golden: {s['golden'] if s['golden'] else 'none'}",
+        f"  toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
+    ]
+    for g in report.graphs:
+        out += [""] + _graph(g)
+    out += [""] + _memory(report) + [""] + _quant(report)
+    return "\n".join(out)
+
+
+def _graph(g: GraphSummary) -> list[str]:
+    out = [f"graph {g.name} ({g.type}, {g.lanes} lanes x {g.tokens} tokens) {g.file}"]
+    kv_in = [t for t in g.inputs if t.name.startswith("past_")]
+    kv_out = [t for t in g.outputs if t.name.startswith("present_")]
+    rows = [("in", t.name, list(t.shape), t.dtype) for t in g.inputs if t not in kv_in]
+    rows += [("out", t.name, list(t.shape), t.dtype) for t in g.outputs if t not in kv_out]
+    if kv_in:
+        rows.append(("in", f"past_key/value.0..{len(kv_in) // 2 - 1}", list(kv_in[0].shape), kv_in[0].dtype))
+    if kv_out:
+        rows.append(("out", f"present_key/value.0..{len(kv_out) // 2 - 1}", list(kv_out[0].shape), kv_out[0].dtype))
+    out += ["  " + line for line in _table(rows, ("io", "name", "shape", "dtype"))]
+    if g.ops is None:
+        out.append(f"  ops: unavailable: {g.error}")
+        return out
+    inv = g.ops
+    domains = ", ".join(f"{d} {n}" for d, n in inv.nodes_by_domain.items())
+    out.append(f"  ops: {inv.nodes} nodes ({inv.standard_nodes} standard ONNX, {inv.nodes - inv.standard_nodes} ONNX Runtime-only); "
+               f"by domain: {domains}")
+    out += ["    " + line for line in _table([(o.domain, o.op_type, o.count, "standard" if o.standard else "ONNX Runtime")
+                                               for o in inv.ops], ("domain", "op", "count", "kind"), right={2})]
+    out.append(f"  shape families ({len(inv.shape_families)}; top {min(TOP_FAMILIES, len(inv.shape_families))}):")
+    for f in inv.shape_families[:TOP_FAMILIES]:
+        out.append(f"    {f.count:>4} x {f.op}({', '.join(f.inputs)})")
+    return out
+
+
+def _memory(report: InspectReport) -> list[str]:
+    mem = report.memory
+    out = [f"memory plan ({mem.unit}, alignment {mem.alignment}): total {mem.total_bytes} ({show_bytes(mem.total_bytes)}), "
+           f"device memory required {mem.device_memory_required_bytes} ({show_bytes(mem.device_memory_required_bytes)})"]
+    rows = [(r.name, r.kind, r.offset, r.size, r.end, show_bytes(r.size)) for r in mem.regions]
+    out += ["  " + line for line in _table(rows, ("region", "kind", "offset", "size", "end", ""), right={2, 3, 4, 5})]
+    out.append("  by kind: " + ", ".join(f"{k} {show_bytes(v)}" for k, v in mem.bytes_by_kind().items()))
+    if mem.aliases:
+        out.append(f"  aliases ({len(mem.aliases)}): " + ", ".join(f"{a} -> {b}" for a, b in mem.aliases[:4])
+                   + (" …" if len(mem.aliases) > 4 else ""))
+    return out
+
+
+def _quant(report: InspectReport) -> list[str]:
+    q = report.quantization
+    out = [f"quantization policy {q.policy}: {len(q.modules)} modules"]
+    rows = [(g.pattern, g.dtype, g.modules, show_bytes(g.bytes)) for g in q.groups]
+    out += ["  " + line for line in _table(rows, ("module", "dtype", "count", "bytes"), right={2, 3})]
+    return out

@@ -1,0 +1,115 @@
+"""inspect: the JSON report parses back and agrees with the manifest and the .onnx files; text sections;
+standard vs ONNX Runtime ops; shape families; bad input is one clear line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import pytest
+
+from calculet.calbin.inspect import inspect_calbin
+from calculet.calbin.inspect_render import render_text
+from calculet.cli import main
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_calbin) -> Path:
+    return tiny_calbin("llama")
+
+
+def _manifest(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def test_inspect_json_parses_back_and_matches_the_calbin(llama, capsys):
+    assert main(["inspect", str(llama), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    m = _manifest(llama)
+    assert set(doc) == {"path", "summary", "graphs", "memory_plan", "quantization"}
+    assert doc["summary"]["schema_version"] == m["schema_version"]
+    assert doc["summary"]["profile"] == m["profile"]
+    assert doc["summary"]["model"]["num_layers"] == m["model"]["hyperparameters"]["num_layers"]
+    assert [g["name"] for g in doc["graphs"]] == [g["name"] for g in m["graphs"]]
+    for g, declared in zip(doc["graphs"], m["graphs"]):
+        assert g["inputs"] == declared["inputs"] and g["outputs"] == declared["outputs"]
+        nodes = onnx.load(str(llama / declared["file"]), load_external_data=False).graph.node
+        counts = Counter((n.domain or "ai.onnx", n.op_type) for n in nodes)
+        assert {(o["domain"], o["op_type"]): o["count"] for o in g["ops"]["ops"]} == dict(counts)
+        assert g["ops"]["nodes"] == len(nodes) == sum(f["count"] for f in g["ops"]["shape_families"])
+    regions = [{k: r[k] for k in ("name", "kind", "offset", "size")} for r in doc["memory_plan"]["regions"]]
+    assert regions == m["memory_plan"]["regions"]
+    assert doc["memory_plan"]["total_bytes"] == m["memory_plan"]["total_bytes"]
+    assert doc["quantization"]["modules"] == m["quantization"]["modules"]
+    assert sum(g["modules"] for g in doc["quantization"]["groups"]) == len(m["quantization"]["modules"])
+
+
+def test_standard_and_onnx_runtime_ops_are_told_apart(llama):
+    report = inspect_calbin(llama)
+    layers = report.summary["model"]["num_layers"]
+    decode = next(g for g in report.graphs if g.name == "decode")
+    ops = {(o.domain, o.op_type): o for o in decode.ops.ops}
+    gqa = ops[("com.microsoft", "GroupQueryAttention")]
+    assert gqa.count == layers and not gqa.standard
+    assert not ops[("ai.onnx", "SimplifiedLayerNormalization")].standard  # ONNX Runtime registers it in the ONNX domain
+    assert ops[("ai.onnx", "MatMul")].standard
+    assert decode.ops.nodes_by_domain["com.microsoft"] == layers
+    assert decode.ops.nodes - decode.ops.standard_nodes == sum(o.count for o in decode.ops.nonstandard)
+
+
+def test_shape_families_group_repeated_layers(llama):
+    report = inspect_calbin(llama)
+    m = _manifest(llama)
+    kv = m["kv"]
+    decode = next(g for g in report.graphs if g.name == "decode")
+    gqa = [f for f in decode.ops.shape_families if f.op == "com.microsoft.GroupQueryAttention"]
+    assert len(gqa) == 1 and gqa[0].count == kv["num_layers"]
+    kv_shape = f"[{kv['lanes']},{kv['kv_heads']},{kv['context']},{kv['head_dim']}]"
+    assert gqa[0].inputs[3] == kv_shape and gqa[0].inputs[4] == kv_shape
+    assert all("?" not in f.inputs for f in decode.ops.shape_families), "shapes should be known through ONNX Runtime ops"
+
+
+def test_text_report_has_every_section(llama, capsys):
+    assert main(["inspect", str(llama)]) == 0
+    out = capsys.readouterr().out
+    for needle in ("schema calculet.calbin/1", "profile: lanes 4", "graph decode (decode, 4 lanes x 1 tokens)",
+                   "com.microsoft  GroupQueryAttention", "shape families", "memory plan (bytes",
+                   "kv.key.0", "quantization policy fp32", "model.layers.*.mlp.up_proj.weight"):
+        assert needle in out, needle
+
+
+def test_unreadable_graph_shows_its_error_instead_of_ops(llama, tmp_path):
+    folder = tmp_path / "c.calbin"
+    shutil.copytree(llama, folder)
+    (folder / "graphs/decode.onnx").write_bytes(b"not onnx at all")
+    report = inspect_calbin(folder)
+    decode = next(g for g in report.graphs if g.name == "decode")
+    assert decode.ops is None and "graphs/decode.onnx" in decode.error
+    assert "ops: unavailable" in render_text(report)
+    json.loads(report.to_json_text())
+
+
+def _one_clear_line(capsys, code: str) -> None:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error[{code}]:") and "Traceback" not in err, err
+
+
+def test_inspect_bad_input_is_one_clear_line(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "missing")]) == 2
+    _one_clear_line(capsys, "not_a_calbin")
+    (tmp_path / "manifest.json").write_text("not json")
+    assert main(["inspect", str(tmp_path), "--json"]) == 2
+    _one_clear_line(capsys, "manifest_not_json")
+
+
+def test_inspect_malformed_graph_entry_is_one_clear_line(llama, tmp_path, capsys):
+    folder = tmp_path / "c.calbin"
+    shutil.copytree(llama, folder)
+    m = _manifest(folder)
+    del m["graphs"][0]["inputs"]
+    (folder / "manifest.json").write_text(json.dumps(m))
+    assert main(["inspect", str(folder)]) == 2
+    _one_clear_line(capsys, "manifest_bad_field")
