@@ -1,0 +1,51 @@
+"""validate and inspect on the default model's calbin (Gemma 3 270M, 8 lanes, context 1024)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from calculet.calbin.validate import ValidationOptions, validate_calbin
+from calculet.calbin.validate_report import Overall, Status
+from calculet.cli import main
+
+pytestmark = pytest.mark.slow
+FAST_BUDGET_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def calbin(default_calbin):
+    pytest.importorskip("calculet.sources.gguf")
+    return default_calbin
+
+
+def test_fast_mode_passes_within_budget(calbin, capsys):
+    t0 = time.perf_counter()
+    report = validate_calbin(calbin, ValidationOptions.fast())
+    api_s = time.perf_counter() - t0
+    assert report.status is Overall.PASS, [(c.id, c.message) for c in report.failed() + report.warnings()]
+    t0 = time.perf_counter()
+    assert main(["validate", str(calbin), "--fast"]) == 0
+    cli_s = time.perf_counter() - t0
+    print(f"\nfast validate, default model: API {api_s:.2f} s, CLI {cli_s:.2f} s; per gate "
+          + ", ".join(f"{g} {s:.2f}" for g, s in report.gate_seconds.items()), file=__import__("sys").stderr)
+    assert api_s < FAST_BUDGET_S and cli_s < FAST_BUDGET_S
+
+
+def test_full_validation_with_numerics_passes(calbin):
+    report = validate_calbin(calbin, ValidationOptions(full_hash=True))
+    assert report.status is Overall.PASS, [(c.id, c.message) for c in report.failed() + report.warnings()]
+    assert report.check("A.sha256").status is Status.PASS
+    if (calbin / "golden").is_dir():
+        assert report.check("F.run").status is Status.PASS
+        assert report.check("F.greedy").status is Status.PASS
+
+
+def test_inspect_json_parses_back(calbin, capsys):
+    assert main(["inspect", str(calbin), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["model"]["vocab_size"] == 262144
+    decode = next(g for g in doc["graphs"] if g["name"] == "decode")
+    assert {"domain": "com.microsoft", "op_type": "GroupQueryAttention", "count": 18, "standard": False} in decode["ops"]["ops"]
