@@ -67,6 +67,8 @@ def test_report_markdown_and_plots(report: Path):
         png = report.parent / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"(plots/{name}.png)" in text
+    # the scripted server's own timings are lined up beside the client's figures
+    assert "| closed-c2/p16/o21 | timings.predicted_n | 8 | 21 | 21 | 21 |" in text
 
 
 def test_report_tells_errors_and_unhonoured_ignore_eos(tmp_path: Path, scripted_url: str):

@@ -19,7 +19,7 @@ from calculet.bench.slo import Slo
 @dataclass(frozen=True)
 class Row:
     name: str
-    unit_ms: bool                 # shown in milliseconds
+    unit_ms: bool                 # shown in milliseconds (else plain, or as an integer for counts)
     better: str                   # "higher" or "lower"
     pick: Callable[[ScenarioSummary], float | None]
 
@@ -55,7 +55,9 @@ ROWS = (
 def _fmt(value: float | None, ms: bool) -> str:
     if value is None:
         return "–"
-    return f"{value * 1e3:.1f}" if ms else f"{value:.2f}"
+    if ms:
+        return f"{value * 1e3:.1f}"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -135,3 +135,20 @@ def summarize(records: Iterable[RequestRecord], slo: Slo | None = None) -> list[
         if not record.warmup:
             groups.setdefault(record.scenario, []).append(record)
     return [summarize_scenario(group, slo) for group in groups.values()]
+
+
+def server_timings(records: Iterable[RequestRecord]) -> dict[str, dict[str, Distribution]]:
+    """The servers' own numeric timings per scenario, keyed `field.key` (e.g. `timings.prompt_ms`),
+    over successful measured requests; units are the server's. Shown beside, never mixed in."""
+    values: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        if r.warmup or not r.ok or not r.server_timings:
+            continue
+        for field_name, content in r.server_timings.items():
+            items = content.items() if isinstance(content, dict) else [("", content)]
+            for key, value in items:
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    name = f"{field_name}.{key}" if key else field_name
+                    values.setdefault(r.scenario, {}).setdefault(name, []).append(float(value))
+    return {scenario: {name: distribution(v) for name, v in sorted(named.items())}
+            for scenario, named in values.items()}

@@ -25,7 +25,7 @@ def _cdf(ax, values_ms: list[float], label: str) -> None:
         return
     data = sorted(values_ms)
     n = len(data)
-    ax.step(data, [(i + 1) / n for i in range(n)], where="post", label=label)
+    ax.step([data[0], *data], [0.0, *((i + 1) / n for i in range(n))], where="post", label=label)
 
 
 def latency_cdfs(records: list[RequestRecord], path: Path) -> Path:
@@ -58,32 +58,31 @@ def latency_cdfs(records: list[RequestRecord], path: Path) -> Path:
 
 
 def throughput_vs_load(summaries: list[ScenarioSummary], path: Path) -> Path:
-    """Output tokens/s and requests/s against concurrency (closed loop) or offered rate (open loop),
-    one line per prompt bucket."""
+    """Output tokens/s (top) and successful requests/s (bottom) against concurrency (closed loop) or
+    offered rate (open loop), one line per prompt bucket."""
     plt = _pyplot()
     kinds = [k for k in ("closed", "open") if any((s.load == "closed") == (k == "closed") for s in summaries)]
-    fig, axes = plt.subplots(1, len(kinds), figsize=(6 * len(kinds), 4.5), squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
-        chosen = [s for s in summaries if (s.load == "closed") == (kind == "closed")]
+    fig, axes = plt.subplots(2, len(kinds), figsize=(6 * len(kinds), 7), squeeze=False, sharex="col")
+    for column, kind in enumerate(kinds):
         buckets: dict[int | None, list[ScenarioSummary]] = {}
-        for s in chosen:
-            buckets.setdefault(s.prompt_bucket, []).append(s)
-        twin = ax.twinx()
+        for s in summaries:
+            if (s.load == "closed") == (kind == "closed"):
+                buckets.setdefault(s.prompt_bucket, []).append(s)
+        top, bottom = axes[0][column], axes[1][column]
         for bucket, group in buckets.items():
             group.sort(key=lambda s: (s.concurrency or 0) if kind == "closed" else (s.rate or 0))
             xs = [(s.concurrency if kind == "closed" else s.rate) for s in group]
             name = f"prompt {bucket}" if bucket is not None else "prompts file"
-            ax.plot(xs, [s.output_token_throughput for s in group], marker="o", label=f"{name}: output tok/s")
-            twin.plot(xs, [s.request_throughput for s in group], marker="x", linestyle="--",
-                      label=f"{name}: req/s")
-        ax.set_xlabel("concurrent clients" if kind == "closed" else "offered rate (req/s)")
-        ax.set_ylabel("output tokens / s")
-        twin.set_ylabel("successful requests / s")
-        ax.set_title("closed loop" if kind == "closed" else "open loop")
-        ax.grid(alpha=0.3)
-        lines = ax.get_legend_handles_labels()
-        more = twin.get_legend_handles_labels()
-        ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize="small", loc="upper left")
+            top.plot(xs, [s.output_token_throughput for s in group], marker="o", label=name)
+            bottom.plot(xs, [s.request_throughput for s in group], marker="o", label=name)
+        top.set_title("closed loop" if kind == "closed" else "open loop")
+        top.set_ylabel("output tokens / s")
+        bottom.set_ylabel("successful requests / s")
+        bottom.set_xlabel("concurrent clients" if kind == "closed" else "offered rate (req/s)")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+            ax.set_ylim(bottom=0)
+        top.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from calculet.bench.metrics import Distribution, ScenarioSummary, summarize
+from calculet.bench.metrics import Distribution, ScenarioSummary, server_timings, summarize
 from calculet.bench.plots import write_plots
 from calculet.bench.records import RequestRecord, read_records, read_run_info, run_dir
 from calculet.bench.slo import Slo
@@ -78,6 +78,19 @@ def fixed_output_notes(summaries: list[ScenarioSummary], records: list[RequestRe
     return notes
 
 
+def _server_timing_lines(records: list[RequestRecord]) -> list[str]:
+    timings = server_timings(records)
+    if not timings:
+        return []
+    lines = ["## The server's own timings", "",
+             "As the server reported them per request (its units), beside the client's figures above.", "",
+             "| scenario | field | n | mean | P50 | P99 |", "|---|---|---|---|---|---|"]
+    for scenario, named in timings.items():
+        for name, d in named.items():
+            lines.append(f"| {scenario} | {name} | {d.count} | {d.mean:.4g} | {d.p50:.4g} | {d.p99:.4g} |")
+    return lines + [""]
+
+
 def _run_facts(info: dict[str, Any]) -> list[str]:
     if not info:
         return ["(no run.json beside the records)"]
@@ -128,6 +141,7 @@ def write_report(run: Path, out: Path | None = None, slo: Slo | None = None) -> 
               *summary_table(summaries), "", "## Latency detail", ""]
     for s in summaries:
         lines += _detail(s)
+    lines += _server_timing_lines(records)
     failed = [(s.scenario, kind, count, s.error_examples.get(kind, ""))
               for s in summaries for kind, count in s.errors.items()]
     if failed:
