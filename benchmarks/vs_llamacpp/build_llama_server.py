@@ -1,0 +1,116 @@
+"""Find or build llama.cpp's `llama-server` in a cache folder outside the repository.
+
+Order of search: `--llama-server PATH` (the caller's), `$LLAMA_SERVER`, `llama-server` on `PATH`,
+then a previous build in the cache. If none is found, the llama.cpp sources are taken from the
+`llama-cpp-python` source distribution on PyPI (it vendors llama.cpp under `vendor/llama.cpp`) and
+only the `llama-server` target is built with CMake.
+
+    python benchmarks/vs_llamacpp/build_llama_server.py            # prints the binary's path
+    python benchmarks/vs_llamacpp/build_llama_server.py --jobs 2 --cache ~/.cache/calculet/llama.cpp
+
+Nothing here is written inside the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+DEFAULT_CACHE = Path(os.environ.get("CALCULET_CACHE", Path.home() / ".cache" / "calculet")) / "llama.cpp"
+
+# CMake options: a CPU-only server with no web UI download, no HTTPS, no tests or examples.
+CMAKE_OPTIONS = [
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DGGML_NATIVE=ON",
+]
+
+
+def built_binary(cache: Path) -> Path:
+    return cache / "build" / "bin" / "llama-server"
+
+
+def find_llama_server(explicit: str | None, cache: Path) -> Path | None:
+    """Return an existing llama-server, or None when it must be built."""
+    for candidate in (explicit, os.environ.get("LLAMA_SERVER")):
+        if candidate:
+            path = Path(candidate).expanduser()
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise FileNotFoundError(f"llama-server given as {candidate!r} is not an executable file")
+            return path
+    on_path = shutil.which("llama-server")
+    if on_path:
+        return Path(on_path)
+    cached = built_binary(cache)
+    return cached if cached.is_file() else None
+
+
+def fetch_sources(cache: Path) -> Path:
+    """Download the llama-cpp-python sdist (once) and return its vendor/llama.cpp folder."""
+    src = cache / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    sdists = sorted(src.glob("llama_cpp_python-*.tar.gz"))
+    if not sdists:
+        print("downloading the llama-cpp-python source distribution from PyPI ...", file=sys.stderr)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             "llama-cpp-python", "-d", str(src)],
+            check=True,
+        )
+        sdists = sorted(src.glob("llama_cpp_python-*.tar.gz"))
+        if not sdists:
+            raise FileNotFoundError(f"pip download left no llama_cpp_python-*.tar.gz in {src}")
+    sdist = sdists[-1]
+    root = src / sdist.name.removesuffix(".tar.gz")
+    if not (root / "vendor" / "llama.cpp" / "CMakeLists.txt").is_file():
+        with tarfile.open(sdist) as archive:
+            archive.extractall(src, filter="data")
+    llama_cpp = root / "vendor" / "llama.cpp"
+    if not (llama_cpp / "CMakeLists.txt").is_file():
+        raise FileNotFoundError(f"{sdist.name} has no vendor/llama.cpp/CMakeLists.txt")
+    return llama_cpp
+
+
+def build_llama_server(cache: Path, jobs: int) -> Path:
+    """Configure and build only the llama-server target; return the binary's path."""
+    llama_cpp = fetch_sources(cache)
+    build = cache / "build"
+    subprocess.run(["cmake", "-S", str(llama_cpp), "-B", str(build), *CMAKE_OPTIONS], check=True)
+    subprocess.run(
+        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)], check=True
+    )
+    binary = built_binary(cache)
+    if not binary.is_file():
+        raise FileNotFoundError(f"the build finished but {binary} does not exist")
+    return binary
+
+
+def find_or_build(explicit: str | None = None, cache: Path = DEFAULT_CACHE, jobs: int = 2) -> Path:
+    found = find_llama_server(explicit, cache)
+    return found if found is not None else build_llama_server(cache, jobs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llama-server", help="use this binary instead of searching or building")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="cache folder (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel compile jobs (default: %(default)s)")
+    args = parser.parse_args(argv)
+    print(find_or_build(args.llama_server, args.cache.expanduser(), args.jobs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
