@@ -56,3 +56,28 @@ def test_scenario_file_json_and_toml(tmp_path: Path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(RequestError, match="not valid json"):
         read_scenario_file(tmp_path / "bad.json")
+
+
+def test_auto_buckets_need_a_context():
+    from calculet.bench.workload import plan_phases
+
+    config = build_config({**BASE, "prompt_tokens": "auto", "output_tokens": 100})
+    with pytest.raises(RequestError, match="give --max-context"):
+        plan_phases(config, counter=None, context=None)
+
+
+def test_buckets_beyond_the_context_are_dropped_with_a_note():
+    from calculet.bench.workload import plan_phases
+
+    class Words:
+        source = "words"
+
+        def count(self, text: str) -> int:
+            return len(text.split())
+
+    config = build_config({**BASE, "prompt_tokens": "auto", "output_tokens": 100, "requests": 1, "warmup": 0})
+    _, phases, notes = plan_phases(config, Words(), context=1200)
+    assert [p.scenario for p in phases] == ["closed-c1/p1/o100", "closed-c1/p16/o100", "closed-c1/p256/o100",
+                                            "closed-c1/p1024/o100"]
+    assert "2048" in notes[0] and "context of 1200 tokens" in notes[0]
+    assert len(phases[-1].prompts[0].text.split()) == 1024

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calculet.bench.config import BenchConfig, Load
+from calculet.bench.config import AUTO_BUCKETS, BenchConfig, Load
 from calculet.bench.tokens import TokenCounter, exact_prompt
 from calculet.errors import RequestError
 
@@ -99,6 +99,9 @@ def plan_phases(config: BenchConfig, counter: TokenCounter | None,
     if workload.prompts_file is not None:
         return _phases_from_file(config, read_prompts_file(workload.prompts_file, out))
 
+    if context is None and workload.prompt_tokens == AUTO_BUCKETS:
+        raise RequestError("unknown_context", "--prompt-tokens auto needs the model's context length: the "
+                           "server does not report it, so give --max-context N")
     if counter is None:
         raise RequestError("no_tokenizer", "prompt-length buckets need a tokenizer (--tokenizer or /tokenize)")
     buckets = list(workload.prompt_tokens)
