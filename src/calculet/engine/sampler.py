@@ -43,6 +43,8 @@ class SamplingParams:
             bad("frequency_penalty", self.frequency_penalty, "-2 <= frequency_penalty <= 2")
         if not 0.0 < self.repetition_penalty <= 10.0:
             bad("repetition_penalty", self.repetition_penalty, "0 < repetition_penalty <= 10")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            bad("seed", self.seed, "0 <= seed <= 2^63-1")
 
     @property
     def greedy(self) -> bool:

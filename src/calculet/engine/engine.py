@@ -1,0 +1,386 @@
+"""The engine: continuous batching over one Device, on its own thread.
+
+    engine = Engine(device, tokenizer, EngineConfig(max_queue=64))
+    engine.start()
+    rid = engine.submit(GenerationRequest(...), sink=events.put)   # thread-safe; raises at once on
+    ...                                                            # a bad request or a full queue
+    engine.cancel(rid)                                             # frees its lanes within one step
+
+Every step reads: schedule -> run -> sample -> emit. Sequences join and leave the decode batch at
+every step; a prompt is prefilled one chunk per step, between decode steps.
+
+Device errors: the requests whose job failed (the decode batch, or the sequence being prefilled)
+fail with the device error. `device.reset()` then forgets every lane, so every other sequence that
+held a lane is sent back to the queue and re-prefills its prompt plus the output it already has,
+then continues where it stopped (its sampler state is kept). Nothing the caller already received is
+taken back. Health reads false from the failed job until the reset is done.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from calculet.engine.generate import check_prompt
+from calculet.engine.logprobs import token_logprob
+from calculet.engine.observer import EngineObserver
+from calculet.engine.requests import (Event, GenerationRequest, RequestDone, RequestFailed, RequestState, Sequence,
+                                      SequenceDelta)
+from calculet.engine.scheduler import Scheduler, StepPlan
+from calculet.errors import CalculetError, DeviceError, RequestError
+from calculet.runtime.jobs import DecodeJob, JobResult, PrefillJob
+
+log = logging.getLogger("calculet.engine")
+
+RESET_RETRY_S = 5.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_queue: int = 128              # sequences that may wait for a lane; beyond, submit() says queue_full
+    request_timeout_s: float | None = None
+    job_timeout_s: float = 600.0      # the longest one device job may take before it counts as failed
+
+    def __post_init__(self):
+        if self.max_queue < 0:
+            raise RequestError("bad_option", f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            raise RequestError("bad_option", f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}")
+        if not self.job_timeout_s > 0:
+            raise RequestError("bad_option", f"job_timeout_s must be > 0, got {self.job_timeout_s}")
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    state: str                 # ready | recovering | failed | stopped
+    running: int               # requests holding at least one lane
+    waiting: int               # requests waiting for a lane
+    waiting_sequences: int     # their sequences (one lane each)
+    lanes_in_use: int
+    lanes_free: int
+    lanes_total: int
+
+
+@dataclass(frozen=True)
+class Sample:
+    seq: Sequence
+    token: int
+    logprob: object            # TokenLogprob | None
+
+
+class Engine:
+    def __init__(self, device, tokenizer, config: EngineConfig | None = None, observer: EngineObserver | None = None):
+        self.device = device
+        self.tokenizer = tokenizer
+        self.config = config or EngineConfig()
+        self.observer = observer or EngineObserver()
+        self.lanes = device.lanes
+        self.context = device.lanes.context
+        self.scheduler = Scheduler(device.lanes, device.program.chunk_sizes)
+        self.state = "ready"
+        self._cond = threading.Condition()
+        self._inbox: list[RequestState] = []
+        self._cancels: set[int] = set()
+        self._live: dict[int, RequestState] = {}      # engine thread only
+        self._ids = itertools.count(1)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._snapshot = self._take_snapshot()
+
+    # --- caller side (any thread) --------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="calculet-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "ready" and self.device.healthy
+
+    def snapshot(self) -> EngineSnapshot:
+        return self._snapshot
+
+    def check(self, request: GenerationRequest) -> None:
+        """Raise a RequestError if the request can never run on this device."""
+        p, m, context = len(request.prompt_ids), request.max_tokens, self.context
+        check_prompt(p, context)
+        if p + m > context:
+            raise RequestError("context_length_exceeded",
+                               f"the prompt has {p} tokens and max_tokens is {m}: {p + m} tokens exceed the context of "
+                               f"{context}; allowed: prompt tokens + max_tokens <= {context} (max_tokens <= {context - p} here)")
+        if request.n > self.lanes.count:
+            raise RequestError("invalid_parameter", f"n={request.n} is out of range; allowed: 1 <= n <= {self.lanes.count} "
+                               f"(each choice needs its own lane)")
+        vocab = self.device.program.vocab_size
+        for name, ids in (("prompt", request.prompt_ids), ("stop_token_ids", request.stop_token_ids)):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise RequestError("invalid_parameter", f"{name} has token id {bad[0]}; allowed: 0 <= id <= {vocab - 1}")
+
+    def submit(self, request: GenerationRequest, sink) -> int:
+        """Queue a request; `sink(event)` is called from the engine thread with its events."""
+        self.check(request)
+        with self._cond:
+            if self._stopping:
+                raise DeviceError("shutting_down", "the server is shutting down; retry on another instance")
+            if self.state == "failed":
+                raise DeviceError("device_unavailable", "the device failed and could not be reset yet; retry later")
+            if not self._has_room(request.n):
+                raise RequestError("queue_full", f"all {self.lanes.count} lanes are busy and the waiting queue is full "
+                                   f"(--max-queue {self.config.max_queue}); retry shortly")
+            state = RequestState(next(self._ids), request, sink)
+            state.sequences = [Sequence.create(state, i, self.tokenizer) for i in range(request.n)]
+            self._inbox.append(state)
+            self._cond.notify()
+        return state.id
+
+    def cancel(self, request_id: int) -> None:
+        """Drop the request wherever it is; its lanes are free after the current step."""
+        with self._cond:
+            self._cancels.add(request_id)
+            self._cond.notify()
+
+    def _has_room(self, n: int) -> bool:
+        """Would at most max_queue sequences wait for a lane if this request joined? (Counted in
+        sequences: a request with n=3 waits as 3.)"""
+        snap = self._snapshot
+        queued = snap.waiting_sequences + sum(s.request.n for s in self._inbox) + n
+        return queued - snap.lanes_free <= self.config.max_queue
+
+    # --- engine thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._inbox and not self._cancels and not self.scheduler.has_work():
+                    self._cond.wait(RESET_RETRY_S if self.state == "failed" else None)
+                    if self.state == "failed":
+                        break
+                if self._stopping:
+                    break
+                inbox, self._inbox = self._inbox, []
+                cancels, self._cancels = self._cancels, set()
+                self._intake(inbox, cancels)     # under the lock, so admission counts stay exact
+                self._snapshot = self._take_snapshot()
+            try:
+                self._expire()
+                if self.state == "failed":
+                    self._reset_device()
+                if self.state == "ready":
+                    self.step()
+            except Exception as exc:  # a bug must not kill the server
+                self._panic(exc)
+            self._publish()
+        self._fail_all(DeviceError("shutting_down", "the server is shutting down"))
+        self.state = "stopped"
+        self._publish()
+
+    def _intake(self, inbox: list[RequestState], cancels: set[int]) -> None:
+        for state in inbox:
+            self._live[state.id] = state
+            self.scheduler.add(state)
+        for rid in cancels:
+            state = self._live.get(rid)
+            if state is not None:
+                self._end(state, "cancelled", RequestFailed(RequestError("cancelled", "the request was cancelled")))
+
+    def _expire(self) -> None:
+        now = time.perf_counter()
+        for state in list(self._live.values()):
+            if state.deadline is not None and now > state.deadline:
+                err = RequestError("request_timeout", f"the request ran past its time limit of {state.request.timeout_s:g} s "
+                                   f"(--request-timeout); lower max_tokens or raise the limit")
+                self._end(state, "timeout", RequestFailed(err))
+
+    def step(self) -> None:
+        plan = self._schedule()
+        if plan.empty:
+            return
+        results = self._run(plan)
+        if results is None:
+            return
+        samples = self._sample(plan, results)
+        self._emit(samples)
+
+    def _schedule(self) -> StepPlan:
+        now = time.perf_counter()
+        plan = self.scheduler.schedule(now)
+        for state in plan.admitted:
+            self.observer.admitted(now - state.arrived, len(state.request.prompt_ids))
+        return plan
+
+    # --- run: one prefill chunk and one decode step on the device ---------------------------
+    def _run(self, plan: StepPlan) -> dict[str, JobResult] | None:
+        jobs = []
+        if plan.prefill is not None:
+            jobs.append(("prefill", PrefillJob(plan.prefill.seq.lane, plan.prefill.tokens), [plan.prefill.seq]))
+        if plan.decode:
+            jobs.append(("decode", DecodeJob(tuple(s.lane for s in plan.decode), tuple(s.output_ids[-1] for s in plan.decode)),
+                         list(plan.decode)))
+        handles, failures = [], []
+        for kind, job, seqs in jobs:
+            try:
+                handles.append((kind, self.device.submit(job), seqs))
+            except CalculetError as exc:
+                failures.append((exc, seqs))
+        results = {}
+        for kind, handle, seqs in handles:
+            try:
+                results[kind] = self.device.wait(handle, self.config.job_timeout_s)
+            except CalculetError as exc:
+                failures.append((exc, seqs))
+        device_failure = next((exc for exc, _ in failures if isinstance(exc, DeviceError)), None)
+        if device_failure is not None or not self.device.healthy:
+            failed = [s.state for _, seqs in failures for s in seqs]
+            self._recover(device_failure or DeviceError("device_unhealthy", "the device reported a failure"), failed)
+            return None
+        for exc, seqs in failures:  # request errors: only these requests fail, the lanes are intact
+            for seq in seqs:
+                self._end(seq.state, "error", RequestFailed(exc))
+        for kind, result in results.items():
+            useful = len(plan.prefill.tokens) if kind == "prefill" else len(plan.decode)
+            self.observer.job(kind, result.timings, useful)
+        return results
+
+    # --- sample: one token per sequence that has logits -----------------------------------
+    def _sample(self, plan: StepPlan, results: dict[str, JobResult]) -> list[Sample]:
+        t0 = time.perf_counter()
+        samples = []
+        work = plan.prefill
+        if "prefill" in results and not work.seq.finished:
+            self.scheduler.prefill_done(work)
+            if work.last and not work.seq.output_ids:  # a resumed sequence already has its next token
+                samples.append(self._sample_one(work.seq, results["prefill"].logits[0]))
+        if "decode" in results:
+            for seq, row in zip(plan.decode, results["decode"].logits):
+                if not seq.finished:
+                    samples.append(self._sample_one(seq, row))
+        self.observer.sampled(time.perf_counter() - t0, len(samples))
+        return samples
+
+    def _sample_one(self, seq: Sequence, logits: np.ndarray) -> Sample:
+        req = seq.state.request
+        masked = logits
+        if len(seq.output_ids) < req.min_tokens:  # min_tokens: the sequence may not end yet
+            banned = [t for t in (*self.tokenizer.eos_ids, *req.stop_token_ids) if 0 <= t < logits.size]
+            if banned:
+                masked = logits.copy()
+                masked[banned] = -np.inf
+        token = seq.sampler.sample(masked)
+        lp = token_logprob(logits, token, req.logprobs) if req.logprobs is not None else None
+        return Sample(seq, token, lp)
+
+    # --- emit: text deltas, finishes, lanes back ----------------------------------------
+    def _emit(self, samples: list[Sample]) -> None:
+        now = time.perf_counter()
+        gaps = []
+        for s in samples:
+            seq, state, req = s.seq, s.seq.state, s.seq.state.request
+            seq.output_ids.append(s.token)
+            if seq.last_token_at is not None:
+                gaps.append(now - seq.last_token_at)
+            seq.last_token_at = state.last_token_at = now
+            if state.first_token_at is None:
+                state.first_token_at = now
+                self.observer.first_token(now - state.arrived)
+            ends_on_token = len(seq.output_ids) > req.min_tokens and (
+                s.token in req.stop_token_ids or (not req.ignore_eos and s.token in self.tokenizer.eos_ids))
+            reason = "stop" if ends_on_token else None
+            if reason is None and (len(seq.output_ids) >= req.max_tokens or len(req.prompt_ids) + len(seq.output_ids) >= self.context):
+                reason = "length"
+            text = "" if ends_on_token else seq.detok.push(s.token)
+            if reason is not None:
+                text += seq.detok.flush()
+            text, hit = seq.stop.push(text)
+            if hit:
+                reason = "stop"
+            elif reason is not None:
+                text += seq.stop.flush()
+            lps = (s.logprob,) if s.logprob is not None else ()
+            state.emit(SequenceDelta(seq.index, text, (s.token,), lps, reason))
+            if reason is not None:
+                seq.finish_reason = reason
+                self.scheduler.finish(seq)
+                if all(x.finished for x in state.sequences):
+                    self._end(state, reason, RequestDone(len(req.prompt_ids), state.completion_tokens(), state.timings(now)))
+        if gaps:
+            self.observer.inter_token(gaps)
+
+    # --- endings and recovery --------------------------------------------------------------
+    def _end(self, state: RequestState, outcome: str, event: Event) -> None:
+        """Finish a request once: free its lanes, tell the caller, count it."""
+        if state.finished:
+            return
+        state.finished = True
+        for seq in state.sequences:
+            if seq.finish_reason is None:
+                seq.finish_reason = "abort"
+            self.scheduler.finish(seq)
+        self._live.pop(state.id, None)
+        state.emit(event)
+        self.observer.finished(outcome, time.perf_counter() - state.arrived)
+
+    def _recover(self, error: CalculetError, failed: list[RequestState]) -> None:
+        """Fail the requests of the failed batch, requeue every other lane holder, reset the device."""
+        self.state = "recovering"
+        self.observer.device_error(error.code)
+        log.warning("device error (%s): %s; failing %d request(s), resetting the device", error.code, error.message, len(failed))
+        for state in failed:
+            self._end(state, "error", RequestFailed(DeviceError(error.code, f"the device failed while running this request: "
+                                                               f"{error.message}; the device was reset, retry the request")))
+        survivors = self.scheduler.holding_lanes()
+        self.scheduler.requeue(survivors)
+        self.observer.requeued(len(survivors))
+        self._reset_device()
+
+    def _reset_device(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.device.reset()
+        except CalculetError as exc:
+            self.state = "failed"
+            self.observer.device_reset(time.perf_counter() - t0, ok=False)
+            log.error("device reset failed (%s): %s; retrying in %.0f s", exc.code, exc.message, RESET_RETRY_S)
+            self._fail_all(DeviceError("device_unavailable", f"the device failed and could not be reset: {exc.message}"))
+            return
+        self.state = "ready"
+        self.observer.device_reset(time.perf_counter() - t0, ok=True)
+        log.warning("device reset done in %.2f s", time.perf_counter() - t0)
+
+    def _panic(self, exc: Exception) -> None:
+        """Last resort for an engine bug: fail every live request, start from an empty schedule."""
+        log.exception("internal engine error; failing %d request(s) and resetting the device", len(self._live))
+        error = DeviceError("engine_failure", f"internal engine error: {type(exc).__name__}: {exc}")
+        for state in list(self._live.values()):
+            state.finished = True
+            state.emit(RequestFailed(error))
+            self.observer.finished("error", time.perf_counter() - state.arrived)
+        self._live.clear()
+        self.scheduler = Scheduler(self.lanes, self.device.program.chunk_sizes)
+        self.state = "recovering"
+        self._reset_device()
+
+    def _fail_all(self, error: CalculetError) -> None:
+        for state in list(self._live.values()):
+            self._end(state, "error", RequestFailed(error))
+
+    # --- snapshot for metrics and admission ------------------------------------------------
+    def _take_snapshot(self) -> EngineSnapshot:
+        free = self.lanes.free_count()
+        return EngineSnapshot(self.state, self.scheduler.running_requests(), self.scheduler.waiting_requests(),
+                              len(self.scheduler.waiting), self.lanes.count - free, free, self.lanes.count)
+
+    def _publish(self) -> None:
+        snap = self._take_snapshot()
+        with self._cond:
+            self._snapshot = snap

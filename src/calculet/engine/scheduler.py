@@ -1,0 +1,116 @@
+"""Which work runs in the next engine step: at most one prefill chunk, plus one decode step over
+every sequence that is decoding.
+
+    waiting ──admit (a lane is free)──▶ prefilling ──last chunk──▶ decoding ──finish──▶ (lane freed)
+       ▲                                     │                         │
+       └────────── requeue (device reset: every lane forgotten) ───────┘
+
+Prefill runs one chunk per step, first come first served, so a long prompt never stalls the streams
+that are already decoding for more than one chunk's time. A sequence keeps its lane until it
+finishes; `finish` is the only way a lane is given back.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from calculet.engine.requests import RequestState, Sequence
+from calculet.runtime.chunking import plan_chunks
+from calculet.runtime.lanes import Lanes
+
+
+@dataclass(frozen=True)
+class PrefillWork:
+    seq: Sequence
+    tokens: tuple[int, ...]
+    last: bool                 # this chunk completes the sequence's KV
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    prefill: PrefillWork | None
+    decode: tuple[Sequence, ...]
+    admitted: tuple[RequestState, ...] = ()     # requests that got their first lane this step
+
+    @property
+    def empty(self) -> bool:
+        return self.prefill is None and not self.decode
+
+
+class Scheduler:
+    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...]):
+        self.lanes = lanes
+        self.chunk_sizes = tuple(chunk_sizes)
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: deque[Sequence] = deque()
+        self.decoding: list[Sequence] = []
+
+    # --- queue ---------------------------------------------------------------------------
+    def add(self, state: RequestState) -> None:
+        self.waiting.extend(state.sequences)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    def waiting_requests(self) -> int:
+        return len({s.state.id for s in self.waiting})
+
+    def running_requests(self) -> int:
+        return len({s.state.id for s in self.holding_lanes()})
+
+    def holding_lanes(self) -> list[Sequence]:
+        return list(self.prefilling) + self.decoding
+
+    # --- one step ------------------------------------------------------------------------
+    def schedule(self, now: float) -> StepPlan:
+        admitted = self._admit(now)
+        work = None
+        if self.prefilling:
+            seq = self.prefilling[0]
+            n = seq.pieces[0]
+            tokens = seq.kv_tokens()[seq.prefilled:seq.prefilled + n]
+            work = PrefillWork(seq, tokens, last=len(seq.pieces) == 1)
+        return StepPlan(work, tuple(self.decoding), admitted)
+
+    def _admit(self, now: float) -> tuple[RequestState, ...]:
+        admitted = []
+        while self.waiting and self.lanes.can_allocate():
+            seq = self.waiting.popleft()
+            seq.lane = self.lanes.allocate()
+            seq.pieces = plan_chunks(len(seq.kv_tokens()), 0, self.chunk_sizes, self.lanes.context)
+            seq.prefilled = 0
+            if seq.state.admitted_at is None:
+                seq.state.admitted_at = now
+                admitted.append(seq.state)
+            self.prefilling.append(seq)
+        return tuple(admitted)
+
+    def prefill_done(self, work: PrefillWork) -> None:
+        """The chunk ran: advance the sequence; after its last chunk it decodes from the next step."""
+        seq = work.seq
+        seq.pieces.pop(0)
+        seq.prefilled += len(work.tokens)
+        if work.last:
+            self.prefilling.remove(seq)
+            self.decoding.append(seq)
+
+    # --- leaving -------------------------------------------------------------------------
+    def finish(self, seq: Sequence) -> None:
+        """Remove the sequence wherever it is and give its lane back."""
+        for queue in (self.waiting, self.prefilling, self.decoding):
+            if seq in queue:
+                queue.remove(seq)
+        if seq.lane is not None:
+            self.lanes.free(seq.lane)
+            seq.lane = None
+
+    def requeue(self, seqs: list[Sequence]) -> None:
+        """After a device reset forgot every lane: send these back to the front of the queue; they
+        re-prefill prompt + output so far and carry on."""
+        for seq in seqs:
+            for queue in (self.prefilling, self.decoding):
+                if seq in queue:
+                    queue.remove(seq)
+            seq.lane, seq.pieces, seq.prefilled = None, [], 0
+        self.waiting.extendleft(reversed(seqs))
