@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, TensorProto, helper
 
+from calculet.calbin.gates.shape_functions import shape_functions
+
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 UNCHECKED_DOMAIN = "calculet.unchecked"  # where the checker copy parks ops ONNX does not define
 
@@ -77,8 +79,8 @@ def checker_copy(model: ModelProto) -> ModelProto:
     External initializers become graph inputs of the same type and shape (their bytes are checked
     against weights.bin by E.external_data instead), and ops ONNX does not define in its own domain
     move to a private domain the checker does not know, so it checks everything else. ONNX Runtime
-    ops whose output shapes equal an input's (PASS_THROUGH) get a model-local function of Identity
-    nodes, so shape inference carries shapes through them and checks the rest of the graph too.
+    ops get model-local functions with the same output shapes (see shape_functions), so shape
+    inference carries shapes through them and checks the rest of the graph too.
     """
     m = copy.deepcopy(model)
     external = [t for t in m.graph.initializer if t.data_location == TensorProto.EXTERNAL]
@@ -94,38 +96,8 @@ def checker_copy(model: ModelProto) -> ModelProto:
             moved = True
     if moved:
         m.opset_import.append(helper.make_opsetid(UNCHECKED_DOMAIN, 1))
-    m.functions.extend(_pass_through_functions(m))
+    m.functions.extend(shape_functions(m, STANDARD_DOMAINS))
     return m
-
-
-# ONNX Runtime ops ONNX cannot infer: (input, output) pairs where the output has the input's shape and type.
-PASS_THROUGH = {
-    "SimplifiedLayerNormalization": ((0, 0),),
-    "SkipSimplifiedLayerNormalization": ((0, 0),),
-    "RotaryEmbedding": ((0, 0),),
-    "GroupQueryAttention": ((0, 0), (3, 1), (4, 2)),   # output = query; present_key/value = past_key/value
-}
-
-
-def _pass_through_functions(m: ModelProto) -> list:
-    """One Identity-bodied function per PASS_THROUGH op used, when every use fits the rule."""
-    uses: dict[tuple[str, str], list] = {}
-    for node in m.graph.node:
-        if node.domain not in STANDARD_DOMAINS and node.op_type in PASS_THROUGH:
-            uses.setdefault((node.domain, node.op_type), []).append(node)
-    default_opset = next((o.version for o in m.opset_import if o.domain in STANDARD_DOMAINS), 21)
-    functions = []
-    for (domain, op), nodes in uses.items():
-        rule = PASS_THROUGH[op]
-        n_in, n_out = max(len(n.input) for n in nodes), max(len(n.output) for n in nodes)
-        covered = {o for _, o in rule}
-        if any(not n.input[i] for n in nodes for i, _ in rule if i < len(n.input)) or not set(range(n_out)) <= covered:
-            continue  # e.g. packed QKV attention: the output is not the query's shape; leave it unknown
-        body = [helper.make_node("Identity", [f"in{i}"], [f"out{o}"]) for i, o in rule if i < n_in and o < n_out]
-        attributes = sorted({a.name for n in nodes for a in n.attribute})
-        functions.append(helper.make_function(domain, op, [f"in{i}" for i in range(n_in)], [f"out{o}" for o in range(n_out)],
-                                              body, [helper.make_opsetid("", default_opset)], attributes=attributes))
-    return functions
 
 
 def _shape_text(value_type) -> str:
@@ -171,4 +143,4 @@ def op_inventory(model: ModelProto, name: str, shapes: dict[str, str] | None = N
 
 def infer(checkable: ModelProto) -> ModelProto:
     """Strict shape inference on a `checker_copy`; raises onnx's InferenceError on a conflict."""
-    return onnx.shape_inference.infer_shapes(checkable, check_type=True, strict_mode=True)
+    return onnx.shape_inference.infer_shapes(checkable, check_type=True, strict_mode=True, data_prop=True)

@@ -1,0 +1,106 @@
+"""Model-local ONNX functions that let ONNX shape inference see through ONNX Runtime ops.
+
+ONNX does not define com.microsoft.GroupQueryAttention, MatMulNBits and friends, so its shape
+inference stops at them and everything downstream stays unknown. In the checker's copy of a graph
+each such op gets a function whose body has the same output shapes and types, built from standard
+ops (the body is never run; ONNX Runtime uses its own kernels):
+
+    SimplifiedLayerNormalization(X, W)      -> Identity(X)
+    GroupQueryAttention(Q, K, V, pk, pv, …) -> Identity(Q), Identity(pk), Identity(pv)
+    MatMulNBits(A, codes, scales) <K, N>    -> MatMul(A, ConstantOfShape([K, N]))           [.., N]
+    GatherBlockQuantized(codes, ids, s)     -> CastLike(Gather(codes, ids), s)               [*ids, K]
+                                               (4-bit: two codes per byte, so the last dim doubles)
+
+An op is given a function only when every node using it fits the pattern (e.g. not attention with
+packed QKV, whose output is not the query's shape); otherwise its outputs simply stay unknown.
+"""
+
+from __future__ import annotations
+
+from onnx import AttributeProto, FunctionProto, ModelProto, NodeProto, helper
+
+# (input, output) pairs where the output has the input's shape and type.
+PASS_THROUGH = {
+    "SimplifiedLayerNormalization": ((0, 0),),
+    "SkipSimplifiedLayerNormalization": ((0, 0),),
+    "RotaryEmbedding": ((0, 0),),
+    "GroupQueryAttention": ((0, 0), (3, 1), (4, 2)),   # output = query; present_key/value = past_key/value
+}
+
+
+def _attr(node: NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _ref(name: str, attr: str) -> AttributeProto:
+    a = AttributeProto()
+    a.name, a.ref_attr_name, a.type = name, attr, AttributeProto.INT
+    return a
+
+
+def _pass_through(op: str, nodes: list[NodeProto]) -> list[NodeProto] | None:
+    rule = PASS_THROUGH[op]
+    n_in, n_out = max(len(n.input) for n in nodes), max(len(n.output) for n in nodes)
+    if any(i < len(n.input) and not n.input[i] for n in nodes for i, _ in rule):
+        return None  # e.g. packed QKV attention: the output is not the query's shape
+    if not set(range(n_out)) <= {o for _, o in rule}:
+        return None
+    return [helper.make_node("Identity", [f"in{i}"], [f"out{o}"]) for i, o in rule if i < n_in and o < n_out]
+
+
+def _matmul_nbits(nodes: list[NodeProto]) -> list[NodeProto] | None:
+    if any(len(n.output) != 1 for n in nodes):
+        return None
+    k = helper.make_node("Constant", [], ["k"])
+    k.attribute.append(_ref("value_int", "K"))
+    n = helper.make_node("Constant", [], ["n"])
+    n.attribute.append(_ref("value_int", "N"))
+    return [k, n,
+            helper.make_node("Constant", [], ["axes"], value_ints=[0]),
+            helper.make_node("Unsqueeze", ["k", "axes"], ["k1"]),
+            helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+            helper.make_node("Concat", ["k1", "n1"], ["kn"], axis=0),
+            helper.make_node("ConstantOfShape", ["kn"], ["w"]),          # float zeros [K, N]
+            helper.make_node("CastLike", ["w", "in0"], ["w_typed"]),
+            helper.make_node("MatMul", ["in0", "w_typed"], ["out0"])]
+
+
+def _gather_block_quantized(nodes: list[NodeProto]) -> list[NodeProto] | None:
+    bits = {_attr(n, "bits", 4) for n in nodes}
+    if len(bits) != 1 or any(_attr(n, "gather_axis", 0) != 0 or _attr(n, "quantize_axis", 1) != 1 or len(n.output) != 1
+                             for n in nodes):
+        return None
+    body = [helper.make_node("Gather", ["in0", "in1"], ["g"], axis=0),
+            helper.make_node("CastLike", ["g", "in2"], ["f"])]
+    if bits == {4}:
+        return body + [helper.make_node("Concat", ["f", "f"], ["out0"], axis=-1)]
+    if bits == {8}:
+        return body + [helper.make_node("Identity", ["f"], ["out0"])]
+    return None
+
+
+BODIES = {op: (lambda nodes, op=op: _pass_through(op, nodes)) for op in PASS_THROUGH}
+BODIES["MatMulNBits"] = _matmul_nbits
+BODIES["GatherBlockQuantized"] = _gather_block_quantized
+
+
+def shape_functions(model: ModelProto, standard_domains: tuple[str, ...]) -> list[FunctionProto]:
+    """One function per ONNX Runtime op used in `model` whose nodes all fit its pattern."""
+    uses: dict[tuple[str, str], list[NodeProto]] = {}
+    for node in model.graph.node:
+        if node.domain not in standard_domains and node.op_type in BODIES:
+            uses.setdefault((node.domain, node.op_type), []).append(node)
+    opset = next((o.version for o in model.opset_import if o.domain in standard_domains), 21)
+    functions = []
+    for (domain, op), nodes in uses.items():
+        body = BODIES[op](nodes)
+        if body is None:
+            continue
+        n_in, n_out = max(len(n.input) for n in nodes), max(len(n.output) for n in nodes)
+        attributes = sorted({a.name for n in nodes for a in n.attribute})
+        functions.append(helper.make_function(domain, op, [f"in{i}" for i in range(n_in)], [f"out{o}" for o in range(n_out)],
+                                              body, [helper.make_opsetid("", opset)], attributes=attributes))
+    return functions
