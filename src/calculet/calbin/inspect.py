@@ -85,21 +85,24 @@ class MemorySummary:
 
 @dataclass(frozen=True)
 class QuantGroup:
-    pattern: str        # module name with layer indices folded: model.layers.*.mlp.up_proj.weight
-    dtype: str
-    modules: int
-    bytes: int
+    pattern: str        # tensor name with layer indices folded: model.layers.*.mlp.up_proj.weight
+    module: str         # module class (attention, mlp, embedding, lm_head, norm, other) when the calbin says
+    format: str         # "int8 b32 (int8 compute)", "fp32", or in older calbins a dtype such as "float32"
+    tensors: int
+    bytes: int          # stored bytes (codes + scales for a quantized weight)
 
 
 @dataclass(frozen=True)
 class QuantSummary:
     policy: str
+    table: dict                         # module class -> format, as the policy states it
     groups: tuple[QuantGroup, ...]
-    modules: dict[str, str]             # every tensor -> dtype, as the manifest states it
+    tensors: dict[str, dict | str]      # every weight -> its format record (older calbins: its dtype)
 
     def to_json(self) -> dict:
-        return {"policy": self.policy, "modules": self.modules,
-                "groups": [{"pattern": g.pattern, "dtype": g.dtype, "modules": g.modules, "bytes": g.bytes} for g in self.groups]}
+        return {"policy": self.policy, "table": self.table, "tensors": self.tensors,
+                "groups": [{"pattern": g.pattern, "module": g.module, "format": g.format, "tensors": g.tensors,
+                            "bytes": g.bytes} for g in self.groups]}
 
 
 @dataclass(frozen=True)
@@ -191,16 +194,27 @@ def _memory(m: Manifest) -> MemorySummary:
 _LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")
 
 
+def _format(record: dict | str) -> str:
+    if isinstance(record, str):
+        return record
+    if record.get("kind") in (None, "fp32"):
+        return "fp32"
+    return f"{record['kind']} b{record.get('block')} ({record.get('compute', 'fp32')} compute)"
+
+
 def _quant(m: Manifest) -> QuantSummary:
-    modules = dict(m.quantization.get("modules", {}))
+    q = m.quantization
+    tensors = dict(q.get("tensors", q.get("modules", {})))
     sizes = {t["name"]: t.get("nbytes", 0) for t in m.weights.get("tensors", [])}
-    groups: dict[tuple[str, str], list[int]] = {}
-    for name, dtype in modules.items():
-        acc = groups.setdefault((_LAYER_INDEX.sub(".*", name), dtype), [0, 0])
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for name, record in tensors.items():
+        module = record.get("module", "") if isinstance(record, dict) else ""
+        acc = groups.setdefault((_LAYER_INDEX.sub(".*", name), module, _format(record)), [0, 0])
         acc[0] += 1
-        acc[1] += sizes.get(name, 0)
+        acc[1] += sizes.get(name, 0) + sizes.get(f"{name}.qcodes", 0) + sizes.get(f"{name}.qscales", 0)
     return QuantSummary(
-        policy=str(m.quantization.get("policy")),
-        groups=tuple(QuantGroup(p, d, n, b) for (p, d), (n, b) in groups.items()),
-        modules=modules,
+        policy=str(q.get("policy")),
+        table={k: _format(v) for k, v in (q.get("table") or {}).items()},
+        groups=tuple(QuantGroup(p, mod, f, n, b) for (p, mod, f), (n, b) in groups.items()),
+        tensors=tensors,
     )

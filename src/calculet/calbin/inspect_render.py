@@ -91,7 +91,8 @@ def _memory(report: InspectReport) -> list[str]:
 
 def _quant(report: InspectReport) -> list[str]:
     q = report.quantization
-    out = [f"quantization policy {q.policy}: {len(q.modules)} modules"]
-    rows = [(g.pattern, g.dtype, g.modules, show_bytes(g.bytes)) for g in q.groups]
-    out += ["  " + line for line in _table(rows, ("module", "dtype", "count", "bytes"), right={2, 3})]
+    table = ", ".join(f"{k} {v}" for k, v in q.table.items()) or "every weight as stored"
+    out = [f"quantization policy {q.policy}: {table}; {len(q.tensors)} weights"]
+    rows = [(g.pattern, g.module, g.format, g.tensors, show_bytes(g.bytes)) for g in q.groups]
+    out += ["  " + line for line in _table(rows, ("weight", "module", "format", "count", "bytes"), right={3, 4})]
     return out

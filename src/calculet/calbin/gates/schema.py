@@ -63,7 +63,7 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("weights", _DICT), ("weights.file", _STR), ("weights.bytes", _SIZE), ("weights.tensors", _LIST),
     ("weights.tensors[].name", _STR), ("weights.tensors[].dtype", _STR), ("weights.tensors[].shape", _LIST),
     ("weights.tensors[].offset", _SIZE), ("weights.tensors[].nbytes", _SIZE),
-    ("quantization", _DICT), ("quantization.policy", _STR), ("quantization.modules", _DICT),
+    ("quantization", _DICT), ("quantization.policy", _STR),
     ("memory_plan", _DICT), ("memory_plan.unit", _STR), ("memory_plan.regions", _LIST),
     ("memory_plan.regions[].name", _STR), ("memory_plan.regions[].kind", _STR),
     ("memory_plan.regions[].offset", _SIZE), ("memory_plan.regions[].size", _SIZE),
@@ -170,6 +170,14 @@ def _required_problems(raw: dict) -> list[str]:
         for where, value in _walk(raw, path.split("."), ""):
             if isinstance(value, list) and not all(_is_size(d) for d in value):
                 problems.append(f"{where}: {value} must list whole-number dimensions")
+    quant = raw.get("quantization")
+    if isinstance(quant, dict):
+        per_tensor = quant.get("tensors", quant.get("modules"))
+        if not isinstance(per_tensor, dict):
+            problems.append("quantization: expected a per-tensor object `tensors` ({name: {kind, block, ...}}) "
+                            "or, in older calbins, `modules` ({name: dtype})")
+        elif "tensors" in quant and not all(isinstance(v, dict) and isinstance(v.get("kind"), str) for v in per_tensor.values()):
+            problems.append("quantization.tensors: every entry must be an object with a `kind` string")
     golden = raw.get("golden")
     if golden is not None and not (isinstance(golden, dict) and isinstance(golden.get("file"), str)):
         problems.append("golden: expected null or an object with a `file` string")
