@@ -1,0 +1,27 @@
+"""`calculet serve [CALBIN|SOURCE]`: the OpenAI-compatible HTTP server."""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a calbin (or a source, compiled into the cache once) over an OpenAI-compatible API")
+    p.add_argument("model", nargs="?", default=None, metavar="CALBIN|SOURCE",
+                   help="a calbin, HF folder or .gguf file (omit for the embedded default model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 and admin routes")
+    p.add_argument("--max-queue", type=int, default=128, help="requests (choices) that may wait for a lane; more get 429 (default 128)")
+    p.add_argument("--request-timeout", type=float, default=None, metavar="S", help="fail a request after S seconds")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: from the path)")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    p.set_defaults(func=serve)
+
+
+def serve(args) -> int:
+    from calculet.server.config import ServerConfig
+    from calculet.server.runner import run_server
+
+    config = ServerConfig(model=args.model, host=args.host, port=args.port, api_key=args.api_key,
+                          max_queue=args.max_queue, request_timeout_s=args.request_timeout,
+                          served_model_name=args.served_model_name, threads=args.threads)
+    return run_server(config)

@@ -1,0 +1,55 @@
+"""Server configuration: built once from the command line, validated, passed down unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from calculet.errors import RequestError
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str | None = None               # a calbin, a source to compile, or None for the default model
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_queue: int = 128
+    request_timeout_s: float | None = None
+    served_model_name: str | None = None
+    threads: int = 0
+
+    def __post_init__(self):
+        if not 0 <= self.port <= 65535:
+            raise RequestError("bad_option", f"--port must be in 0..65535, got {self.port}")
+        if self.max_queue < 0:
+            raise RequestError("bad_option", f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            raise RequestError("bad_option", f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}")
+        if self.threads < 0:
+            raise RequestError("bad_option", f"--threads must be >= 0 (0 = all cores), got {self.threads}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise RequestError("bad_option", "--api-key must not be empty")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise RequestError("bad_option", "--served-model-name must not be empty")
+
+    def __repr__(self) -> str:  # never print the key
+        key = "set" if self.api_key else None
+        return (f"ServerConfig(model={self.model!r}, host={self.host!r}, port={self.port}, api_key={key}, "
+                f"max_queue={self.max_queue}, request_timeout_s={self.request_timeout_s}, "
+                f"served_model_name={self.served_model_name!r}, threads={self.threads})")
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def model_name(self, calbin: Path, source_path: str | None) -> str:
+        """The name clients use: --served-model-name, else the name of what was given to serve."""
+        if self.served_model_name:
+            return self.served_model_name
+        given = Path(self.model) if self.model else Path(source_path or calbin)
+        name = given.name
+        for suffix in (".calbin", ".gguf"):
+            name = name.removesuffix(suffix)
+        return name or "calculet"

@@ -1,0 +1,88 @@
+"""Errors as OpenAI shapes them: `{"error": {"message", "type", "code", "param"}}` with an HTTP status.
+
+The status comes from the error's stable code where it has its own (429 queue_full, 404
+model_not_found, ...), else from its kind: request 400, model 500, device 503.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.responses import JSONResponse
+
+from calculet.errors import CalculetError, ErrorKind, RequestError
+
+RETRY_AFTER_S = 1
+
+STATUS_BY_CODE = {
+    "unauthorized": 401,
+    "model_not_found": 404,
+    "not_found": 404,
+    "request_timeout": 408,
+    "queue_full": 429,
+    "model_loading": 503,
+    "shutting_down": 503,
+    "device_unavailable": 503,
+}
+STATUS_BY_KIND = {ErrorKind.REQUEST: 400, ErrorKind.MODEL: 500, ErrorKind.DEVICE: 503}
+TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                  408: "timeout_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+
+_PARAM = re.compile(r"^([a-z_][a-z_.0-9]*)(=|: )")
+
+
+def status_of(error: CalculetError) -> int:
+    return STATUS_BY_CODE.get(error.code, STATUS_BY_KIND[error.kind])
+
+
+def error_body(error: CalculetError) -> dict:
+    status = status_of(error)
+    m = _PARAM.match(error.message)
+    return {"error": {"message": error.message, "type": TYPE_BY_STATUS.get(status, "server_error"),
+                      "code": error.code, "param": m.group(1) if m else None}}
+
+
+def error_response(error: CalculetError) -> JSONResponse:
+    status = status_of(error)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    return JSONResponse(error_body(error), status_code=status, headers=headers)
+
+
+def validation_message(errors: list[dict]) -> RequestError:
+    """A pydantic error list -> one RequestError that names the field and what it should be."""
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return RequestError("invalid_json", f"the request body is not valid JSON: {first.get('msg')}")
+    path = _field_path(first)
+    if first.get("type") == "missing":
+        return RequestError("missing_parameter", f"{path or 'body'}: this field is required")
+    # a union (prompt: str | list[int]) reports one error per member, each tagged with its type
+    members = [_union_member(e) for e in errors if _field_path(e) == path]
+    members = [m for m in members if m]
+    detail = f"Input should be one of: {', '.join(dict.fromkeys(members))}" if len(members) > 1 else first.get("msg", "invalid value")
+    got = first.get("input")
+    shown = "an object" if isinstance(got, dict) else repr(got)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return RequestError("invalid_type", f"{path or 'body'}: {detail} (got {shown})")
+
+
+_TYPE_TAGS = ("str", "int", "float", "bool")
+
+
+def _is_tag(part) -> bool:
+    return isinstance(part, str) and (any(c in part for c in "[]") or part in _TYPE_TAGS)
+
+
+def _field_path(error: dict) -> str:
+    loc = [p for p in error.get("loc", ()) if p != "body"]
+    out = []
+    for p in loc:
+        if _is_tag(p):
+            break
+        out.append(str(p))
+    return ".".join(out)
+
+
+def _union_member(error: dict) -> str | None:
+    return next((p for p in error.get("loc", ()) if _is_tag(p)), None)

@@ -1,0 +1,101 @@
+"""The served model: loaded in the background (the HTTP server answers /health with 503 meanwhile),
+then an engine over one Device with its tokenizer and chat template."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from calculet.errors import CalculetError, DeviceError, ModelError
+
+log = logging.getLogger("calculet.server")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    engine: object             # calculet.engine.engine.Engine
+    tokenizer: object          # calculet.engine.tokenizer.TextTokenizer
+    chat: object | None        # calculet.engine.chat.ChatTemplate, None when the model has none
+    chat_problem: str | None   # why there is no chat template
+    context: int
+    lanes: int
+    created: int               # unix time the model became ready
+
+
+class ModelHost:
+    def __init__(self, config, metrics):
+        self.config = config
+        self.metrics = metrics
+        self.state = "loading"               # loading | ready | failed
+        self.error: CalculetError | None = None
+        self.model: LoadedModel | None = None
+        self._device = None
+        self.loaded = threading.Event()      # set when ready or failed
+
+    def load(self) -> None:
+        """Compile (once, cached) if needed, load and configure the device, start the engine."""
+        try:
+            self.model = self._load()
+            self.state = "ready"
+        except CalculetError as exc:
+            self.error, self.state = exc, "failed"
+        except Exception as exc:  # a broken calbin or runtime: report it, never hang in "loading"
+            self.error, self.state = ModelError("load_failed", f"{type(exc).__name__}: {exc}"), "failed"
+        finally:
+            self.loaded.set()
+
+    def _load(self) -> LoadedModel:
+        from calculet.cache import ensure_calbin
+        from calculet.compiler.options import CompileOptions
+        from calculet.engine.chat import ChatTemplate
+        from calculet.engine.engine import Engine, EngineConfig
+        from calculet.engine.tokenizer import TextTokenizer
+        from calculet.runtime.device import Device
+        from calculet.runtime.program import DeviceConfig
+
+        cfg = self.config
+        calbin = ensure_calbin(cfg.model, CompileOptions(), log=log.info)
+        device = Device(DeviceConfig(threads=cfg.threads))
+        self._device = device
+        device.configure(device.load(calbin))
+        tokenizer = TextTokenizer.from_program(device.program)
+        chat, problem = None, None
+        try:
+            chat = ChatTemplate.from_tokenizer(tokenizer)
+            if chat is None:
+                problem = "this model has no chat template (it is a base model); use /v1/completions"
+        except CalculetError as exc:
+            problem = exc.message
+        engine = Engine(device, tokenizer, EngineConfig(max_queue=cfg.max_queue, request_timeout_s=cfg.request_timeout_s),
+                        observer=self.metrics)
+        self.metrics.watch(engine.snapshot, lambda: engine.healthy)
+        engine.start()
+        source = device.program.manifest.model.get("source", {}).get("path")
+        return LoadedModel(cfg.model_name(calbin, source), engine, tokenizer, chat, problem,
+                           device.lanes.context, device.lanes.count, int(time.time()))
+
+    def require(self) -> LoadedModel:
+        if self.model is None:
+            if self.state == "failed":
+                raise DeviceError("model_unavailable", f"the model failed to load: {self.error}")
+            raise DeviceError("model_loading", "the model is still loading; retry in a few seconds (GET /health says when)")
+        return self.model
+
+    def health(self) -> tuple[bool, dict]:
+        if self.model is None:
+            return False, {"status": self.state}
+        engine = self.model.engine
+        snap = engine.snapshot()
+        ok = engine.healthy
+        status = "ok" if ok else ("recovering" if snap.state in ("ready", "recovering") else snap.state)
+        return ok, {"status": status, "model": self.model.name, "lanes_in_use": snap.lanes_in_use,
+                    "lanes_free": snap.lanes_free, "requests_running": snap.running, "requests_waiting": snap.waiting}
+
+    def close(self) -> None:
+        if self.model is not None:
+            self.model.engine.stop()
+        if self._device is not None:
+            self._device.close()

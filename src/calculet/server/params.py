@@ -1,0 +1,91 @@
+"""Request bodies -> prompt token ids and a validated GenerationRequest for the engine."""
+
+from __future__ import annotations
+
+from calculet.engine.requests import MAX_LOGPROBS, GenerationRequest
+from calculet.engine.sampler import SamplingParams
+from calculet.errors import RequestError
+from calculet.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _Sampling
+
+DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0,
+            "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
+
+def check_model(requested: str | None, served: str) -> None:
+    if requested is not None and requested != served:
+        raise RequestError("model_not_found", f"model {requested!r} does not exist here; this server serves {served!r} "
+                           f"(GET /v1/models)")
+
+
+def sampling_params(body: _Sampling) -> SamplingParams:
+    values = {k: (getattr(body, k) if getattr(body, k) is not None else d) for k, d in DEFAULTS.items()}
+    return SamplingParams(seed=body.seed, **values)
+
+
+def completion_prompt(body: CompletionRequest, tokenizer) -> list[int]:
+    if isinstance(body.prompt, str):
+        return tokenizer.encode_prompt(body.prompt)
+    if not body.prompt:
+        raise RequestError("empty_prompt", "prompt is an empty list of token ids; give at least one token")
+    return list(body.prompt)
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict]:
+    """OpenAI messages -> plain dicts for the template; content parts must be text."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise RequestError("unsupported_content", f"messages.{i}.content: part type {part.type!r} is not "
+                                       f"supported; allowed: text parts")
+                texts.append(part.text)
+            content = "".join(texts)
+        msg = {"role": m.role, "content": content if content is not None else ""}
+        if m.name is not None:
+            msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def chat_prompt(messages: list[ChatMessage], model) -> list[int]:
+    if model.chat is None:
+        raise RequestError("no_chat_template", f"chat completions need a chat template: {model.chat_problem}")
+    return model.chat.encode(chat_messages(messages))
+
+
+def _stops(stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def generation_request(body: _Sampling, prompt_ids: list[int], max_tokens: int | None, logprobs: int | None,
+                       context: int, timeout_s: float | None) -> GenerationRequest:
+    if max_tokens is None:  # omitted: whatever fits (the engine rejects a prompt that leaves no room)
+        max_tokens = max(context - len(prompt_ids), 1)
+    n = body.n if body.n is not None else 1
+    min_tokens = body.min_tokens if body.min_tokens is not None else 0
+    return GenerationRequest(prompt_ids=tuple(prompt_ids), params=sampling_params(body), max_tokens=max_tokens,
+                             min_tokens=min_tokens, n=n, stop=_stops(body.stop), stop_token_ids=tuple(body.stop_token_ids or ()),
+                             ignore_eos=body.ignore_eos, logprobs=logprobs, timeout_s=timeout_s)
+
+
+def completion_request(body: CompletionRequest, prompt_ids: list[int], context: int, timeout_s) -> GenerationRequest:
+    if body.echo and body.logprobs is not None:
+        raise RequestError("unsupported_parameter", "echo with logprobs needs the prompt's logprobs, which the compiled "
+                           "prefill graphs do not produce; use echo or logprobs, not both")
+    return generation_request(body, prompt_ids, body.max_tokens, body.logprobs, context, timeout_s)
+
+
+def chat_request(body: ChatCompletionRequest, prompt_ids: list[int], context: int, timeout_s) -> GenerationRequest:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise RequestError("invalid_parameter", f"top_logprobs={body.top_logprobs} needs logprobs=true")
+    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= MAX_LOGPROBS:
+        raise RequestError("invalid_parameter", f"top_logprobs={body.top_logprobs} is out of range; allowed: "
+                           f"0 <= top_logprobs <= {MAX_LOGPROBS}")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return generation_request(body, prompt_ids, max_tokens, logprobs, context, timeout_s)

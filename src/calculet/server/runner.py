@@ -1,0 +1,65 @@
+"""Run the server: bind at once (so /health can say "loading"), load the model in the background,
+log one line with the URL when both are ready. A model that fails to load ends the process (exit 2)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from contextlib import asynccontextmanager
+
+log = logging.getLogger("calculet.server")
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("calculet")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def run_server(config) -> int:
+    import uvicorn
+
+    from calculet.server.app import create_app
+    from calculet.server.metrics import ServerMetrics
+    from calculet.server.model import ModelHost
+
+    _setup_logging()
+    metrics = ServerMetrics()
+    host = ModelHost(config, metrics)
+    state = {"exit": 0}
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        threading.Thread(target=_load_then_announce, name="calculet-load", daemon=True).start()
+        yield
+        host.close()
+
+    app = create_app(config, host, metrics)
+    app.router.lifespan_context = lifespan
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                           access_log=False, timeout_graceful_shutdown=5))
+
+    def _load_then_announce() -> None:
+        t0 = time.perf_counter()
+        log.info("loading %s", config.model or "the embedded default model")
+        host.load()
+        if host.state != "ready":
+            log.error("cannot serve: %s", host.error.one_line() if hasattr(host.error, "one_line") else host.error)
+            state["exit"] = 2
+            server.should_exit = True
+            return
+        while not server.started and not server.should_exit:
+            time.sleep(0.01)
+        m = host.model
+        log.info("ready at %s/v1 (model %s, lanes %d, context %d, loaded in %.1f s)", config.url, m.name, m.lanes,
+                 m.context, time.perf_counter() - t0)
+
+    server.run()
+    if not server.started and state["exit"] == 0:
+        return 1  # could not bind: uvicorn has said why
+    return state["exit"]
