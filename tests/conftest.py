@@ -25,17 +25,17 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_calbin(tiny_model_dir, tmp_path_factory):
-    """tiny_calbin(arch, lanes=4, context=64, chunks=(4, 16), golden=False) -> compiled calbin path."""
+    """tiny_calbin(arch, lanes=4, context=64, chunks=(4, 16), golden=False, weights="fp32") -> calbin path."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
     made = {}
 
-    def get(arch: str, lanes: int = 4, context: int = 64, chunks=(4, 16), golden: bool = False):
-        key = (arch, lanes, context, tuple(chunks), golden)
+    def get(arch: str, lanes: int = 4, context: int = 64, chunks=(4, 16), golden: bool = False, weights: str = "fp32"):
+        key = (arch, lanes, context, tuple(chunks), golden, weights)
         if key not in made:
             out = tmp_path_factory.mktemp(f"calbin-{arch}") / "model.calbin"
-            options = CompileOptions(lanes=lanes, context=context, prefill_chunks=tuple(chunks), golden=golden)
+            options = CompileOptions(lanes=lanes, context=context, prefill_chunks=tuple(chunks), golden=golden, weights=weights)
             made[key] = compile_calbin(str(tiny_model_dir(arch)), out, options, log=lambda _m: None)
         return made[key]
 
@@ -44,9 +44,20 @@ def tiny_calbin(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_calbin(tmp_path_factory):
-    """The embedded default model (Gemma 3 270M) compiled once: 8 lanes, context 1024, with golden/."""
+    """The embedded default model (Gemma 3 270M) as `calculet serve` runs it: default weight policy,
+    8 lanes, context 1024, with golden/."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
     out = tmp_path_factory.mktemp("calbin-default") / "gemma3-270m.calbin"
     return compile_calbin(None, out, CompileOptions(lanes=8, context=1024), log=print)
+
+
+@pytest.fixture(scope="session")
+def default_calbin_fp32(tmp_path_factory):
+    """The default model with fp32 weights (the numerical parity build), 2 lanes, no golden/."""
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions
+
+    out = tmp_path_factory.mktemp("calbin-default-fp32") / "gemma3-270m-fp32.calbin"
+    return compile_calbin(None, out, CompileOptions(lanes=2, context=256, weights="fp32", golden=False), log=print)

@@ -15,9 +15,9 @@ PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def device(default_calbin):
+def device(default_calbin_fp32):
     d = Device()
-    d.configure(d.load(default_calbin))
+    d.configure(d.load(default_calbin_fp32))
     yield d
     d.close()
 

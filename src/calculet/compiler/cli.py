@@ -14,7 +14,10 @@ def add_parser(sub) -> None:
     p.add_argument("--context", type=int, default=1024, help="context length per lane (KV buffer length)")
     p.add_argument("--prefill-chunks", default="16,128", help="comma-separated prefill chunk sizes")
     p.add_argument("--target", default="cpu", help="graph target: cpu")
-    p.add_argument("--weights", default="fp32", help="weight policy: fp32")
+    p.add_argument("--weights", default="default",
+                   help="weight policy: default (int8 projections/lm_head/embedding with int8 compute, fp32 norms), "
+                        "fp32, int8 (weight-only), w8a8, int4 (weight-only)")
+    p.add_argument("--block-size", type=int, default=32, help="quantization block size along K (16..256, power of two)")
     p.add_argument("--no-golden", action="store_true", help="skip the reference run that records golden/")
     p.set_defaults(func=run)
 
@@ -24,6 +27,6 @@ def run(args) -> int:
     from calculet.compiler.options import CompileOptions, parse_chunks
 
     options = CompileOptions(lanes=args.lanes, context=args.context, prefill_chunks=parse_chunks(args.prefill_chunks),
-                             target=args.target, weights=args.weights, golden=not args.no_golden)
+                             target=args.target, weights=args.weights, block_size=args.block_size, golden=not args.no_golden)
     compile_calbin(args.source, args.output, options)
     return 0

@@ -24,7 +24,7 @@ from onnx import ModelProto
 from calculet.compiler import layers
 from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.weights import WeightStore
-from calculet.models.base import ModelSpec
+from calculet.models.base import ModelSpec, lm_head_name
 
 PREFILL, DECODE = "prefill", "decode"
 GRAPH_TYPES = (PREFILL, DECODE)
@@ -123,7 +123,11 @@ def build_graph(spec: ModelSpec, family: ModuleType, gs: GraphSpec, weights: Wei
     if gs.type == PREFILL:
         x = g.op("Gather", [x, "last_index"], name="/model/last_token/Gather", axis=1)  # [1, 1, H]
     x = g.op("Reshape", [x, g.const([gs.lanes, spec.hidden_size])], name="/model/flatten/Reshape")  # [L, H]
-    logits = g.op("Gemm", [x, g.weight(family.lm_head_weight(spec))], name="/lm_head/Gemm", transB=1)  # [L, V]
+    head = lm_head_name(spec, weights)
+    if weights.quant(head) is not None:
+        logits = layers.linear(g, x, head, "/lm_head")                                          # [L, V]
+    else:
+        logits = g.op("Gemm", [x, g.weight(head)], name="/lm_head/Gemm", transB=1)              # [L, V]
     for t in gs.outputs:
         g.output(logits if t.name == "logits" else t.name, t.name, np.dtype(t.dtype), t.shape)
     return g.build()

@@ -33,9 +33,25 @@ def head_rmsnorm(g: GraphBuilder, x: str, heads: int, head_dim: int, weight: str
     return g.op("Reshape", [normed, g.const([0, 0, heads * head_dim])], name=f"{scope}/MergeHeads")
 
 
+def embedding(g: GraphBuilder, weight: str, ids: str, scope: str) -> str:
+    """Rows of the embedding table for ids [L, S] -> [L, S, H] (int8 codes dequantized on the fly)."""
+    q = g.weights.quant(weight)
+    if q is None:
+        return g.op("Gather", [g.weight(weight), ids], name=f"{scope}/Gather", axis=0)
+    return g.op("GatherBlockQuantized", [g.weight(f"{weight}.gather_codes"), ids, g.weight(f"{weight}.qscales")],
+                name=f"{scope}/GatherBlockQuantized", domain=MS_DOMAIN, bits=q.bits, block_size=q.block,
+                gather_axis=0, quantize_axis=1)
+
+
 def linear(g: GraphBuilder, x: str, weight: str, scope: str, bias: str | None = None) -> str:
-    """x [.., in] @ W [in, out] (+ b)."""
-    y = g.op("MatMul", [x, g.weight(weight)], name=f"{scope}/MatMul")
+    """x [.., in] @ W [in, out] (+ b); quantized weights run as MatMulNBits on [out, in] codes."""
+    q = g.weights.quant(weight)
+    if q is not None:
+        y = g.op("MatMulNBits", [x, g.weight(f"{weight}.qcodes"), g.weight(f"{weight}.qscales")],
+                 name=f"{scope}/MatMulNBits", domain=MS_DOMAIN, K=q.k, N=q.n, bits=q.bits,
+                 block_size=q.block, accuracy_level=q.accuracy_level)
+    else:
+        y = g.op("MatMul", [x, g.weight(weight)], name=f"{scope}/MatMul")
     if bias is not None:
         y = g.op("Add", [y, g.weight(bias)], name=f"{scope}/BiasAdd")
     return y

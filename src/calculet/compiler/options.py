@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calculet.compiler.quantize import WEIGHT_POLICIES, policy_table
 from calculet.errors import RequestError
 
 TARGETS = ("cpu",)
-WEIGHT_POLICIES = ("fp32",)
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,8 @@ class CompileOptions:
     context: int = 1024
     prefill_chunks: tuple[int, ...] = (16, 128)
     target: str = "cpu"
-    weights: str = "fp32"
+    weights: str = "default"
+    block_size: int = 32
     golden: bool = True          # write golden/ when the reference extra is installed
     golden_tokens: int = 32
 
@@ -36,6 +37,7 @@ class CompileOptions:
             raise RequestError("bad_option", f"--target {self.target!r} is not supported; supported: {', '.join(TARGETS)}")
         if self.weights not in WEIGHT_POLICIES:
             raise RequestError("bad_option", f"--weights {self.weights!r} is not supported; supported: {', '.join(WEIGHT_POLICIES)}")
+        policy_table(self.weights, self.block_size)  # validates the block size
 
 
 def parse_chunks(text: str) -> tuple[int, ...]:

@@ -37,12 +37,29 @@ class TensorEntry:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "offset": self.offset, "nbytes": self.nbytes}
 
 
+@dataclass(frozen=True)
+class QuantInfo:
+    """A weight stored as MatMulNBits codes: `<name>.qcodes` [N, K/block, blob], `<name>.qscales` [N, K/block]."""
+    bits: int
+    block: int
+    n: int
+    k: int
+    accuracy_level: int
+
+
 class WeightStore:
-    """Ordered name -> array; lays tensors out with alignment and writes them once."""
+    """Ordered name -> array; lays tensors out with alignment and writes them once.
+
+    A quantized weight is stored as two tensors (`<name>.qcodes`, `<name>.qscales`) and described by
+    `quant(name)`. An alias is a second tensor name (and shape) over the same bytes: the int8 codes of
+    a tied embedding serve both the lm_head (MatMulNBits, [V, K/block, block]) and the embedding
+    lookup (GatherBlockQuantized, [V, K]).
+    """
 
     def __init__(self):
         self._arrays: dict[str, np.ndarray] = {}
         self._entries: dict[str, TensorEntry] = {}
+        self._quant: dict[str, QuantInfo] = {}
         self._size = 0
 
     def add(self, name: str, array: np.ndarray) -> None:
@@ -53,6 +70,20 @@ class WeightStore:
         self._arrays[name] = array
         self._entries[name] = TensorEntry(name, array.dtype.name, tuple(array.shape), offset, array.nbytes)
         self._size = offset + array.nbytes
+
+    def add_quantized(self, name: str, info: QuantInfo, codes: np.ndarray, scales: np.ndarray) -> None:
+        self.add(f"{name}.qcodes", codes)
+        self.add(f"{name}.qscales", scales)
+        self._quant[name] = info
+
+    def quant(self, name: str) -> QuantInfo | None:
+        return self._quant.get(name)
+
+    def add_alias(self, name: str, base: str, shape: tuple[int, ...]) -> None:
+        e = self._entries[base]
+        if int(np.prod(shape)) * np.dtype(e.dtype).itemsize != e.nbytes:
+            raise ValueError(f"alias {name!r} of shape {shape} does not cover {base!r} ({e.nbytes} bytes)")
+        self._entries[name] = TensorEntry(name, e.dtype, tuple(shape), e.offset, e.nbytes)
 
     def __contains__(self, name: str) -> bool:
         return name in self._arrays
@@ -86,6 +117,8 @@ class WeightStore:
     def write(self, path: Path, progress=None) -> None:
         with open(path, "wb") as f:
             for e in self._entries.values():
+                if e.name not in self._arrays:  # an alias: its bytes are written under its base name
+                    continue
                 f.seek(e.offset)
                 f.write(self._arrays[e.name].tobytes())
                 if progress is not None:

@@ -143,3 +143,10 @@ def get_tensor(tensors, name: str) -> np.ndarray:
         return np.asarray(tensors[name], dtype=np.float32)
     except KeyError:
         raise ModelError("missing_tensor", f"weight {name!r} is missing from the model source") from None
+
+
+def lm_head_name(spec: ModelSpec, weights) -> str:
+    """The lm_head's tensor: its own (untied, or a quantized copy of a tied embedding) or the embedding."""
+    if not spec.tie_word_embeddings or weights.quant("lm_head.weight") is not None:
+        return "lm_head.weight"
+    return "model.embed_tokens.weight"

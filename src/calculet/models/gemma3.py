@@ -103,7 +103,7 @@ def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]
 
 
 def embed(g, spec: ModelSpec, input_ids: str) -> str:
-    x = g.op("Gather", [g.weight("model.embed_tokens.weight"), input_ids], name="/model/embed_tokens/Gather", axis=0)
+    x = layers.embedding(g, "model.embed_tokens.weight", input_ids, "/model/embed_tokens")
     scale = g.const(np.float32(spec.hidden_size ** 0.5), np.float32)
     return g.op("Mul", [x, scale], name="/model/embed_tokens/Scale")
 
@@ -127,6 +127,3 @@ def build_layer(g, spec: ModelSpec, i: int, x: str, ctx: layers.AttentionInputs)
     m = layers.rmsnorm(g, m, f"{p}.post_feedforward_layernorm.weight", eps, f"{s}/post_feedforward_layernorm")
     return g.op("Add", [x, m], name=f"{s}/mlp/ResidualAdd")
 
-
-def lm_head_weight(spec: ModelSpec) -> str:
-    return "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"

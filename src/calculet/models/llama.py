@@ -78,7 +78,7 @@ def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]
 
 
 def embed(g, spec: ModelSpec, input_ids: str) -> str:
-    return g.op("Gather", [g.weight("model.embed_tokens.weight"), input_ids], name="/model/embed_tokens/Gather", axis=0)
+    return layers.embedding(g, "model.embed_tokens.weight", input_ids, "/model/embed_tokens")
 
 
 def build_layer(g, spec: ModelSpec, i: int, x: str, ctx: layers.AttentionInputs) -> str:
@@ -99,6 +99,3 @@ def build_layer(g, spec: ModelSpec, i: int, x: str, ctx: layers.AttentionInputs)
     mlp = layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp")
     return g.op("Add", [x, mlp], name=f"{s}/mlp/ResidualAdd")
 
-
-def lm_head_weight(spec: ModelSpec) -> str:
-    return "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"

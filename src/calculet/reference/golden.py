@@ -28,6 +28,9 @@ GOLDEN_DIR = "golden"          # inside a calbin
 GOLDEN_FILE = "golden.json"    # inside GOLDEN_DIR
 
 RunFn = Callable[[list[int], int], "tuple[np.ndarray, list[int]]"]
+# Teacher forcing: given the prompt and the reference's greedy tokens, the runtime feeds those tokens
+# (not its own) and returns its argmax after the prompt and after each fed token.
+ForcedFn = Callable[[list[int], list[int]], list[int]]
 
 
 @dataclass(frozen=True)
@@ -39,9 +42,10 @@ class Thresholds:
     logits_cosine: float = 0.9999       # min cosine of our logits vs the reference on the reference top-k ids
     max_abs_logit_error: float = 1e-3   # max |ours - reference| on the reference top-k ids
     topk_tie_margin: float = 1e-3       # a reference id within this of the (k+1)-th logit may drop out of our top-k
+    forced_agreement: float = 1.0       # min fraction, over the whole golden set, of teacher-forced argmax equal to the reference
 
     def __post_init__(self) -> None:
-        for name in ("greedy_agreement", "topk_overlap"):
+        for name in ("greedy_agreement", "topk_overlap", "forced_agreement"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"threshold {name} must be in [0, 1], got {getattr(self, name)}")
         if not -1.0 <= self.logits_cosine <= 1.0:
@@ -228,6 +232,7 @@ class PromptCheck:
     logits_cosine: float
     max_abs_logit_error: float
     failures: list[str]             # one line per threshold missed, with the numbers
+    forced_matches: int | None = None  # teacher-forced argmax equal to the reference, out of n_tokens
 
     @property
     def passed(self) -> bool:
@@ -241,12 +246,28 @@ class GoldenReport:
     prompts: list[PromptCheck]
 
     @property
+    def forced_agreement(self) -> float | None:
+        """Teacher-forced argmax agreement over the whole set (None when not measured)."""
+        counted = [p.forced_matches for p in self.prompts if p.forced_matches is not None]
+        if not counted or len(counted) != len(self.prompts):
+            return None
+        return sum(counted) / (self.n_tokens * len(counted))
+
+    @property
+    def set_failures(self) -> list[str]:
+        forced = self.forced_agreement
+        if forced is not None and not forced >= self.thresholds.forced_agreement:
+            return [f"teacher-forced greedy agreement {forced:.3f} < {self.thresholds.forced_agreement} over the golden set"]
+        return []
+
+    @property
     def passed(self) -> bool:
-        return all(p.passed for p in self.prompts)
+        return all(p.passed for p in self.prompts) and not self.set_failures
 
     def to_dict(self) -> dict:
         """JSON-ready: NaN/inf metrics (a runtime that produced NaN logits) become None."""
-        doc = {"passed": self.passed, **asdict(self)}
+        doc = {"passed": self.passed, "forced_agreement": self.forced_agreement, "set_failures": self.set_failures,
+               **asdict(self)}
         for p, check in zip(doc["prompts"], self.prompts):
             p["passed"] = check.passed
             for key in ("logits_cosine", "max_abs_logit_error"):
@@ -261,7 +282,12 @@ class GoldenReport:
                 f"  {p.name} [{p.prompt_length} ids]: greedy {p.greedy_agreement:.3f} ({p.greedy_matches}/{self.n_tokens}), "
                 f"top-k overlap {p.topk_overlap:.2f}, cosine {p.logits_cosine:.6f}, max abs {p.max_abs_logit_error:.3g}"
             )
+            if p.forced_matches is not None:
+                lines[-1] += f", teacher-forced {p.forced_matches}/{self.n_tokens}"
             lines.extend(f"    FAIL {f}" for f in p.failures)
+        if self.forced_agreement is not None:
+            lines.append(f"  set: teacher-forced agreement {self.forced_agreement:.3f}")
+        lines.extend(f"  FAIL {f}" for f in self.set_failures)
         return "\n".join(lines)
 
 
@@ -294,8 +320,13 @@ def _check_logits(ref: GoldenEntry, logits: np.ndarray, vocab: int, th: Threshol
     return overlap, cos, max_abs
 
 
-def check_against_golden(golden: Golden, run_fn: RunFn, thresholds: Thresholds | None = None) -> GoldenReport:
+def check_against_golden(golden: Golden, run_fn: RunFn, thresholds: Thresholds | None = None,
+                         forced_fn: ForcedFn | None = None) -> GoldenReport:
     """Run `run_fn(input_ids, n_tokens) -> (last_logits [vocab], greedy_tokens)` on every golden prompt.
+
+    With `forced_fn`, also measure teacher-forced agreement: the share of positions where our argmax,
+    given the reference's own tokens so far, equals the reference's next token. Free-running greedy
+    agreement stops meaning much after the first near-tie flips; teacher forcing scores every position.
 
     `thresholds` overrides the ones stored in the golden file (e.g. for a quantized policy).
     Exceptions from `run_fn` propagate: a runtime that crashes has not produced numbers to judge.
@@ -318,7 +349,12 @@ def check_against_golden(golden: Golden, run_fn: RunFn, thresholds: Thresholds |
                 f"greedy agreement {agree.prefix_fraction:.3f} < {th.greedy_agreement} (first divergence at token {at}: "
                 f"ours {got}, reference {ref.greedy_tokens[at]}; {agree.matches}/{golden.n_tokens} tokens match)"
             )
+        forced_matches = None
+        if forced_fn is not None:
+            forced = [int(t) for t in forced_fn(list(ref.input_ids), list(ref.greedy_tokens))]
+            forced_matches = sum(1 for a, b in zip(forced, ref.greedy_tokens) if a == b)
         checks.append(PromptCheck(
+            forced_matches=forced_matches,
             name=ref.name,
             prompt_length=len(ref.input_ids),
             greedy_agreement=agree.prefix_fraction,

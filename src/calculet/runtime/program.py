@@ -5,7 +5,8 @@ The weights file is mapped once; every session receives the same buffers through
 weights. ONNX Runtime's CPU kernels may "prepack" a constant weight into a private, faster layout,
 which costs one extra copy per session. Decode is memory-bound and repeats every token, so its
 session prepacks (measured about 1.6x faster per step on the default model); prefill sessions do
-not, and read the shared mapping directly (about 1.2x slower per chunk, no extra copy).
+not, and read the shared mapping directly (about 1.2x slower per chunk, no extra copy). Quantized
+(MatMulNBits) graphs have no fast path without prepacking, so there every session prepacks.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ class Program:
         return found[0]
 
     @property
+    def quantized(self) -> bool:
+        """Quantized MatMulNBits kernels only run fast on prepacked weights, so every session prepacks."""
+        return any(t.get("kind", "fp32") != "fp32" for t in self.manifest.quantization.get("tensors", {}).values())
+
+    @property
     def vocab_size(self) -> int:
         return int(self.manifest.model["hyperparameters"]["vocab_size"])
 
@@ -81,7 +87,7 @@ class Program:
         import onnxruntime as ort
 
         t0 = time.perf_counter()
-        values = self._weight_values()
+        values = self._values = self._weight_values()  # OrtValues must outlive the sessions
         self.sessions = {}
         for g in self.graphs:
             so = ort.SessionOptions()
@@ -89,7 +95,7 @@ class Program:
             if config.threads:
                 so.intra_op_num_threads = config.threads
             so.inter_op_num_threads = 1
-            if g.type == PREFILL:
+            if g.type == PREFILL and not self.quantized:
                 so.add_session_config_entry("session.disable_prepacking", "1")
             for name, value in values.items():
                 so.add_initializer(name, value)

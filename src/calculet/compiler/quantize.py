@@ -1,0 +1,209 @@
+"""Weight quantization: policies per module and block-wise int8/int4 encoders for MatMulNBits.
+
+Encoding (ONNX Runtime's MatMulNBits / GatherBlockQuantized layout): a weight W [N, K] is cut into
+blocks of `block` along K; each block stores codes q (uint8; two 4-bit codes per byte, low nibble
+first) and a float32 scale s, and decodes as (q - z) * s with the default zero point z = 2^(bits-1).
+
+Exact grids: a weight dequantized from GGUF already lies on a small integer grid per block
+(Q8_0: d*q, Q5_0: d*(q-16), Q6_K: d*(q-32) per 16). When a block's values are integer multiples of
+amax/m for a small m, we pick s = amax/(m*k) with k = floor(max_code/m), which represents the block
+*exactly*: re-quantizing a GGUF model to int8 then adds no error on those blocks. Other blocks get
+the usual s = amax / max_code. The per-tensor fraction of exact blocks and max error are recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from calculet.errors import RequestError
+
+MODULE_CLASSES = ("embedding", "attention", "mlp", "lm_head", "norm", "other")
+_GRID_CANDIDATES = (127, 16, 15, 32, 31, 64, 63, 8, 7, 4, 3, 2, 1)
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    kind: str = "fp32"          # "fp32" | "int8" | "int4"
+    block: int = 32
+    compute: str = "fp32"       # "fp32" (accuracy_level 1) | "int8" (accuracy_level 4: dynamic int8 activations)
+
+    @property
+    def bits(self) -> int:
+        return {"int8": 8, "int4": 4}[self.kind]
+
+    @property
+    def accuracy_level(self) -> int:
+        return 4 if self.compute == "int8" else 1
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "block": self.block, "compute": self.compute}
+
+
+FP32 = QuantFormat()
+
+
+def _fmt(kind: str, block: int, compute: str) -> QuantFormat:
+    return QuantFormat(kind, block, compute)
+
+
+def policy_table(name: str, block: int = 32) -> dict[str, QuantFormat]:
+    """Module class -> format for a named policy."""
+    if block not in (16, 32, 64, 128, 256):
+        raise RequestError("bad_option", f"--block-size {block} is not supported; allowed: 16, 32, 64, 128, 256")
+    w8a8 = _fmt("int8", block, "int8")
+    tables = {
+        "fp32": {},
+        "int8": {"attention": _fmt("int8", block, "fp32"), "mlp": _fmt("int8", block, "fp32"), "lm_head": _fmt("int8", block, "fp32")},
+        "w8a8": {"attention": w8a8, "mlp": w8a8, "lm_head": w8a8, "embedding": w8a8},
+        "int4": {"attention": _fmt("int4", block, "fp32"), "mlp": _fmt("int4", block, "fp32"), "lm_head": _fmt("int8", block, "int8")},
+        # Default: embeddings share the lm_head's int8 codes; projections int8 with int8 compute; norms fp32.
+        "default": {"attention": w8a8, "mlp": w8a8, "lm_head": w8a8, "embedding": w8a8},
+    }
+    if name not in tables:
+        raise RequestError("bad_option", f"--weights {name!r} is not supported; supported: {', '.join(WEIGHT_POLICIES)}")
+    return tables[name]
+
+
+WEIGHT_POLICIES = ("default", "fp32", "int8", "w8a8", "int4")
+
+
+def format_label(record: dict) -> str:
+    """`float32`, or e.g. `int8 b32 (int8 compute)` for the manifest's per-module table."""
+    if record["kind"] == "fp32":
+        return "float32"
+    return f"{record['kind']} b{record['block']} ({record['compute']} compute)"
+
+
+def module_class(name: str) -> str:
+    if name == "model.embed_tokens.weight":
+        return "embedding"
+    if name == "lm_head.weight":
+        return "lm_head"
+    if ".self_attn." in name and name.endswith("_proj.weight"):
+        return "attention"
+    if ".mlp." in name and name.endswith("_proj.weight"):
+        return "mlp"
+    if "norm" in name:
+        return "norm"
+    return "other"
+
+
+@dataclass(frozen=True)
+class Quantized:
+    codes: np.ndarray       # uint8 [N, K/block, block*bits/8]
+    scales: np.ndarray      # float32 [N, K/block]
+    exact_fraction: float   # blocks represented with zero error
+    max_abs_error: float
+
+    def dequantize(self, bits: int) -> np.ndarray:
+        n, kb, _ = self.codes.shape
+        q = unpack(self.codes, bits).astype(np.float32) - 2 ** (bits - 1)
+        return (q * self.scales[:, :, None]).reshape(n, -1)
+
+
+def unpack(codes: np.ndarray, bits: int) -> np.ndarray:
+    if bits == 8:
+        return codes
+    low, high = codes & 0x0F, codes >> 4
+    return np.stack([low, high], axis=-1).reshape(codes.shape[0], codes.shape[1], -1)
+
+
+def _block_scales(blocks: np.ndarray, max_code: int) -> np.ndarray:
+    """Per-block scale: on an exact integer grid when the block has one, else amax / max_code."""
+    amax = np.abs(blocks).max(axis=-1)                                  # [B]
+    scale = np.where(amax > 0, amax / max_code, 1.0).astype(np.float32)
+    todo = np.flatnonzero(amax > 0)
+    for m in _GRID_CANDIDATES:
+        if m > max_code or todo.size == 0:
+            continue
+        d = amax[todo] / m
+        r = blocks[todo] / d[:, None]
+        on_grid = np.abs(r - np.round(r)).max(axis=-1) < 1e-3
+        hit = todo[on_grid]
+        scale[hit] = d[on_grid] / (max_code // m)
+        todo = todo[~on_grid]
+    return scale
+
+
+def quantize(w: np.ndarray, fmt: QuantFormat, rows_per_chunk: int = 16384) -> Quantized:
+    """w: float32 [N, K] (rows = output features) -> block codes and scales."""
+    n, k = w.shape
+    bits, block = fmt.bits, fmt.block
+    if k % block:
+        raise RequestError("bad_option", f"K={k} is not a multiple of the block size {block}; choose a --block-size that divides it")
+    max_code, zero = 2 ** (bits - 1) - 1, 2 ** (bits - 1)
+    kb = k // block
+    codes = np.empty((n, kb, block * bits // 8), np.uint8)
+    scales = np.empty((n, kb), np.float32)
+    exact_blocks, max_err = 0, 0.0
+    for r0 in range(0, n, rows_per_chunk):                                  # bounded temporaries
+        blocks = np.asarray(w[r0:r0 + rows_per_chunk], np.float32).reshape(-1, block)
+        scale = _block_scales(blocks, max_code)
+        q = np.clip(np.round(blocks / scale[:, None]), -max_code - 1, max_code).astype(np.int16)
+        err = np.abs(q * scale[:, None] - blocks).max(axis=-1)
+        exact_blocks += int(np.count_nonzero(err <= 1e-6 * np.abs(blocks).max(axis=-1)))
+        max_err = max(max_err, float(err.max()))
+        q = (q + zero).astype(np.uint8)
+        rows = q.shape[0] // kb
+        packed = q if bits == 8 else (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+        codes[r0:r0 + rows] = packed.reshape(rows, kb, -1)
+        scales[r0:r0 + rows] = scale.reshape(rows, kb)
+    return Quantized(codes, scales, exact_blocks / (n * kb), max_err)
+
+
+def quantize_best_block(w: np.ndarray, fmt: QuantFormat) -> tuple[QuantFormat, Quantized]:
+    """Use the policy's block, or 16 when that keeps clearly more blocks exact (e.g. GGUF Q6_K)."""
+    first = quantize(w, fmt)
+    if first.exact_fraction >= 0.99 or fmt.block == 16 or w.shape[1] % 16:
+        return fmt, first
+    alt_fmt = QuantFormat(fmt.kind, 16, fmt.compute)
+    alt = quantize(w, alt_fmt)
+    return (alt_fmt, alt) if alt.exact_fraction > first.exact_fraction + 0.5 else (fmt, first)
+
+
+def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, progress=None) -> dict[str, dict]:
+    """Run the family's weights through the policy into the store; returns the per-tensor record.
+
+    Linear weights arrive as [in, out] (MatMul layout) and are quantized as [out, in] rows. With tied
+    embeddings and a quantized embedding, one set of int8 codes serves both the lookup and the lm_head.
+    """
+    from calculet.compiler.weights import QuantInfo
+
+    record: dict[str, dict] = {}
+
+    def put_quantized(name: str, w_nk: np.ndarray, fmt: QuantFormat) -> None:
+        fmt, q = quantize_best_block(w_nk, fmt)
+        n, k = w_nk.shape
+        store.add_quantized(name, QuantInfo(fmt.bits, fmt.block, n, k, fmt.accuracy_level), q.codes, q.scales)
+        record[name] = {**fmt.to_json(), "module": module_class(name), "exact_blocks": round(q.exact_fraction, 4),
+                        "max_abs_error": q.max_abs_error}
+
+    for name, array in family.prepare_weights(spec, tensors):
+        cls = module_class(name)
+        fmt = table.get(cls, FP32)
+        if cls == "embedding":
+            head_fmt = table.get("lm_head", FP32)
+            if fmt.kind != "fp32" and spec.tie_word_embeddings:
+                if head_fmt != fmt:
+                    raise RequestError("bad_option", "a tied embedding and lm_head must share one format; "
+                                       f"got embedding {fmt.to_json()} and lm_head {head_fmt.to_json()}")
+                put_quantized(name, array, fmt)
+                info = store.quant(name)
+                store.add_alias(f"{name}.gather_codes", f"{name}.qcodes", (info.n, info.k * info.bits // 8))
+            else:
+                store.add(name, array)
+                record[name] = {**FP32.to_json(), "module": cls}
+                if spec.tie_word_embeddings and head_fmt.kind != "fp32":
+                    put_quantized("lm_head.weight", array, head_fmt)
+        elif cls == "lm_head" and fmt.kind != "fp32":
+            put_quantized(name, array, fmt)                      # [V, H] is already [N, K]
+        elif cls in ("attention", "mlp") and fmt.kind != "fp32":
+            put_quantized(name, np.ascontiguousarray(array.T), fmt)
+        else:
+            store.add(name, array)
+            record[name] = {**FP32.to_json(), "module": cls}
+        if progress is not None:
+            progress.update(1)
+    return record
