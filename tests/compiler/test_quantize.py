@@ -77,4 +77,4 @@ def test_policy_passes_numerics_on_tiny_model(policy, tiny_calbin):
     finally:
         device.close()
     assert report.passed, report.summary()
-    assert report.forced_agreement >= 0.9
+    assert report.forced_agreement >= (0.7 if policy == "int4" else 0.9)
