@@ -136,3 +136,32 @@ def test_fault_spec_is_validated():
     with pytest.raises(RequestError) as e:
         FaultPlan.parse("sideways:2")
     assert e.value.code == "bad_fault_spec" and "KIND:N" in str(e.value)
+
+
+def test_decode_uses_smallest_graph_covering_the_lanes(device):
+    """Lane 0 alone runs the 1-lane decode graph; a job touching lane 2 needs the 4-lane one."""
+    lanes = [device.lanes.allocate() for _ in range(3)]
+    try:
+        for lane in lanes:
+            device.run(PrefillJob(lane, (5, 6, 7)), 10)
+        assert device.run(DecodeJob((0,), (8,)), 10).timings.graph == "decode_1"
+        r = device.run(DecodeJob((0, 2), (8, 9)), 10)
+        assert r.timings.graph == "decode_4" and r.timings.computed_tokens == 4
+        assert device.lanes.length(1) == 3  # lane 1 was not in the job: untouched
+    finally:
+        for lane in lanes:
+            device.lanes.free(lane)
+
+
+def test_sampling_head_returns_the_top_k_of_the_logits(device):
+    lane = device.lanes.allocate()
+    try:
+        r = device.run(PrefillJob(lane, (5, 6, 7, 8)), 10)
+    finally:
+        device.lanes.free(lane)
+    k = r.topk_ids.shape[1]
+    assert k == 64
+    order = np.argsort(-r.logits[0], kind="stable")[:k]
+    assert set(r.topk_ids[0].tolist()) == set(order.tolist())
+    assert np.allclose(r.topk_values[0], r.logits[0][r.topk_ids[0]])
+    assert r.topk_ids[0, 0] == int(np.argmax(r.logits[0]))

@@ -28,6 +28,7 @@ class Profile:
     lanes: int
     context: int
     prefill_chunks: tuple[int, ...]
+    decode_lanes: tuple[int, ...] = ()   # decode batch sizes compiled (the largest is `lanes`)
 
     def __post_init__(self):
         if self.lanes < 1 or self.lanes > 256:
@@ -94,6 +95,7 @@ class Manifest:
     golden: dict | None
     toolchain: dict
     files: dict[str, FileEntry] = field(default_factory=dict)
+    passes: list[str] = field(default_factory=list)   # fusion passes applied
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -112,7 +114,8 @@ class Manifest:
                 target=d["target"],
                 model=d["model"],
                 tokenizer=TokenizerInfo(**{**d["tokenizer"], "eos_token_ids": tuple(d["tokenizer"]["eos_token_ids"])}),
-                profile=Profile(d["profile"]["lanes"], d["profile"]["context"], tuple(d["profile"]["prefill_chunks"])),
+                profile=Profile(d["profile"]["lanes"], d["profile"]["context"], tuple(d["profile"]["prefill_chunks"]),
+                                tuple(d["profile"].get("decode_lanes", ()))),
                 graphs=d["graphs"],
                 kv=KVLayout(**d["kv"]),
                 weights=d["weights"],
@@ -121,6 +124,7 @@ class Manifest:
                 golden=d.get("golden"),
                 toolchain=d["toolchain"],
                 files={k: FileEntry(**v) for k, v in d["files"].items()},
+                passes=list(d.get("passes", [])),
             )
         except KeyError as exc:
             raise ModelError("manifest_missing_field", f"manifest.json lacks the field {exc.args[0]!r}") from None

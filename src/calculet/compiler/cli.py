@@ -18,15 +18,20 @@ def add_parser(sub) -> None:
                    help="weight policy: default (int8 projections/lm_head/embedding with int8 compute, fp32 norms), "
                         "fp32, int8 (weight-only), w8a8, int4 (weight-only)")
     p.add_argument("--block-size", type=int, default=32, help="quantization block size along K (16..256, power of two)")
+    p.add_argument("--decode-lanes", default="1", help="extra decode batch sizes besides --lanes (comma-separated)")
+    p.add_argument("--fuse", action="append", metavar="NAME", help="enable a fusion pass (default: all)")
+    p.add_argument("--no-fuse", action="append", metavar="NAME", help="disable a fusion pass (sampling-head, or all)")
     p.add_argument("--no-golden", action="store_true", help="skip the reference run that records golden/")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from calculet.compiler.compile import compile_calbin
-    from calculet.compiler.options import CompileOptions, parse_chunks
+    from calculet.compiler.options import CompileOptions, parse_chunks, parse_fusions
 
     options = CompileOptions(lanes=args.lanes, context=args.context, prefill_chunks=parse_chunks(args.prefill_chunks),
-                             target=args.target, weights=args.weights, block_size=args.block_size, golden=not args.no_golden)
+                             target=args.target, weights=args.weights, block_size=args.block_size, golden=not args.no_golden,
+                             decode_lanes=parse_chunks(args.decode_lanes) if args.decode_lanes else (),
+                             fusions=parse_fusions(args.fuse, args.no_fuse))
     compile_calbin(args.source, args.output, options)
     return 0

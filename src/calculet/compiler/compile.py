@@ -57,7 +57,8 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     spec = family.parse_config(source.config)
     if options.target == "cpu" and spec.head_dim % 16:
         raise ModelError("unsupported_head_dim", f"head_dim {spec.head_dim} is not a multiple of 16, which ONNX Runtime's CPU GroupQueryAttention needs")
-    profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)))
+    profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
+                      tuple(sorted(set(options.decode_lanes) | {options.lanes})))
     log(f"compiling {spec.model_type} ({spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}) "
         f"from {source.kind} {source.path}: lanes {profile.lanes}, context {profile.context}, chunks {list(profile.prefill_chunks)}")
 
@@ -89,7 +90,8 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
         weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
 
-    signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks)
+    signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
+                                options.decode_lanes, options.sampling_head_k)
     for gs in signatures:
         onnx.save_model(G.build_graph(spec, family, gs, weights, rope, options.target), str(folder / gs.file))
 
@@ -113,6 +115,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         memory_plan=build_memory_plan(spec, kv, weights.nbytes, graphs),
         golden=golden,
         toolchain=_toolchain(),
+        passes=sorted(options.fusions),
     )
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     with _progress(sum(p.stat().st_size for p in files), "hash files", "B", unit_scale=True) as bar:

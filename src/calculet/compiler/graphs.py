@@ -1,16 +1,20 @@
 """The compiled entry points and their static signatures, and the graph each one becomes.
 
-Entry points (one shape profile: B lanes, context C, prefill chunk sizes S1 < S2 < ...):
+Entry points (one shape profile: B lanes, context C, prefill chunk sizes S1 < S2 < ..., decode
+batch sizes n1 < ... < B):
 
-    prefill_<S>  one lane, S tokens (right-padded)   input_ids [1, S]  last_index [1]  -> logits [1, V]
-    decode       B lanes, one token each              input_ids [B, 1]                   -> logits [B, V]
+    prefill_<S>  body, one lane, S tokens (right-padded)   input_ids [1, S], last_index [1] -> hidden [1, H]
+    decode_<n>   body, lanes 0..n-1, one token each         input_ids [n, 1]                 -> hidden [n, H]
+    head_<n>     lm_head (+ sampling head), n rows          hidden [n, H] -> logits [n, V], topk_values/ids [n, K]
 
-Both take seqlens_k int32 [lanes] (each lane's length after this step, minus one), total_seq_len
+Bodies take seqlens_k int32 [lanes] (each lane's length after this step, minus one), total_seq_len
 int32 [] (the longest such length), and past_key.i / past_value.i float32 [lanes, Nkv, C, D] per
-layer, which they update in place (present_* outputs alias the past_* buffers).
+layer, which they update in place (present_* outputs alias the past_* buffers). The lm_head lives in
+its own small graphs so its (large) weights are prepared once per row count, not once per body.
 
-    input_ids ─ embed ─┬─ layer 0 ─ ... ─ layer n-1 ─ norm ─ (gather last_index) ─ lm_head ─ logits
-                       └─ each layer reads/writes its KV buffer at every lane's own position
+    input_ids ─ embed ─ layer 0 ─ ... ─ layer n-1 ─ norm ─ (gather last_index) ─ hidden
+                        └─ each layer reads/writes its KV buffer at every lane's own position
+    hidden ─ lm_head ─ logits ─ TopK(K) ─ topk_values, topk_ids      (the on-graph sampling head)
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.weights import WeightStore
 from calculet.models.base import ModelSpec, lm_head_name
 
-PREFILL, DECODE = "prefill", "decode"
-GRAPH_TYPES = (PREFILL, DECODE)
+PREFILL, DECODE, HEAD = "prefill", "decode", "head"
+GRAPH_TYPES = (PREFILL, DECODE, HEAD)
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class TensorSpec:
 @dataclass(frozen=True)
 class GraphSpec:
     name: str
-    type: str        # "prefill" | "decode"
+    type: str        # "prefill" | "decode" | "head"
     lanes: int       # batch rows of this graph
     tokens: int      # tokens per lane per call
     inputs: tuple[TensorSpec, ...]
@@ -68,7 +72,7 @@ class GraphSpec:
                          tuple(TensorSpec.from_json(t) for t in d["outputs"]))
 
 
-def _signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, context: int) -> GraphSpec:
+def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, context: int) -> GraphSpec:
     kv_shape = (lanes, spec.num_kv_heads, context, spec.head_dim)
     inputs = [
         TensorSpec("input_ids", (lanes, tokens), "int64"),
@@ -77,7 +81,7 @@ def _signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, c
     ]
     if kind == PREFILL:
         inputs.append(TensorSpec("last_index", (1,), "int64"))
-    outputs = [TensorSpec("logits", (lanes, spec.vocab_size), "float32")]
+    outputs = [TensorSpec("hidden", (lanes, spec.hidden_size), "float32")]
     for i in range(spec.num_layers):
         pk, pv, nk, nv = layers.kv_names(i)
         inputs += [TensorSpec(pk, kv_shape, "float32"), TensorSpec(pv, kv_shape, "float32")]
@@ -85,9 +89,20 @@ def _signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, c
     return GraphSpec(name, kind, lanes, tokens, tuple(inputs), tuple(outputs))
 
 
-def entry_points(spec: ModelSpec, lanes: int, context: int, prefill_chunks: tuple[int, ...]) -> list[GraphSpec]:
-    graphs = [_signature(spec, f"prefill_{s}", PREFILL, 1, s, context) for s in sorted(prefill_chunks)]
-    graphs.append(_signature(spec, "decode", DECODE, lanes, 1, context))
+def _head_signature(spec: ModelSpec, rows: int, topk: int) -> GraphSpec:
+    outputs = [TensorSpec("logits", (rows, spec.vocab_size), "float32")]
+    if topk:
+        outputs += [TensorSpec("topk_values", (rows, topk), "float32"), TensorSpec("topk_ids", (rows, topk), "int64")]
+    return GraphSpec(f"head_{rows}", HEAD, rows, 1, (TensorSpec("hidden", (rows, spec.hidden_size), "float32"),),
+                     tuple(outputs))
+
+
+def entry_points(spec: ModelSpec, lanes: int, context: int, prefill_chunks: tuple[int, ...],
+                 decode_lanes: tuple[int, ...] = (), topk: int = 0) -> list[GraphSpec]:
+    decode_sizes = sorted(set(decode_lanes) | {lanes})
+    graphs = [_body_signature(spec, f"prefill_{s}", PREFILL, 1, s, context) for s in sorted(prefill_chunks)]
+    graphs += [_body_signature(spec, f"decode_{n}", DECODE, n, 1, context) for n in decode_sizes]
+    graphs += [_head_signature(spec, n, topk) for n in sorted(set(decode_sizes) | {1})]
     return graphs
 
 
@@ -111,6 +126,16 @@ def build_graph(spec: ModelSpec, family: ModuleType, gs: GraphSpec, weights: Wei
     g = GraphBuilder(gs.name, weights, target)
     for t in gs.inputs:
         g.input(t.name, np.dtype(t.dtype), t.shape)
+    if gs.type == HEAD:
+        outputs = _build_head(g, spec, gs)
+    else:
+        outputs = {"hidden": _build_body(g, spec, family, gs, rope_tables)}
+    for t in gs.outputs:
+        g.output(outputs.get(t.name, t.name), t.name, np.dtype(t.dtype), t.shape)
+    return g.build()
+
+
+def _build_body(g: GraphBuilder, spec: ModelSpec, family: ModuleType, gs: GraphSpec, rope_tables: dict) -> str:
     ctx = layers.AttentionInputs(
         seqlens_k="seqlens_k",
         total_seq_len="total_seq_len",
@@ -119,15 +144,22 @@ def build_graph(spec: ModelSpec, family: ModuleType, gs: GraphSpec, weights: Wei
     x = family.embed(g, spec, "input_ids")                                   # [L, S, H]
     for i in range(spec.num_layers):
         x = family.build_layer(g, spec, i, x, ctx)                          # [L, S, H]
-    x = layers.rmsnorm(g, x, "model.norm.weight", spec.rms_norm_eps, "/model/norm")
-    if gs.type == PREFILL:
+    if gs.type == PREFILL:  # only the last real token goes on: gather before the final norm
         x = g.op("Gather", [x, "last_index"], name="/model/last_token/Gather", axis=1)  # [1, 1, H]
-    x = g.op("Reshape", [x, g.const([gs.lanes, spec.hidden_size])], name="/model/flatten/Reshape")  # [L, H]
-    head = lm_head_name(spec, weights)
-    if weights.quant(head) is not None:
-        logits = layers.linear(g, x, head, "/lm_head")                                          # [L, V]
+    x = layers.rmsnorm(g, x, "model.norm.weight", spec.rms_norm_eps, "/model/norm")
+    return g.op("Reshape", [x, g.const([gs.lanes, spec.hidden_size])], name="/model/flatten/Reshape")  # [L, H]
+
+
+def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, str]:
+    head = lm_head_name(spec, g.weights)
+    if g.weights.quant(head) is not None:
+        logits = layers.linear(g, "hidden", head, "/lm_head")                                  # [R, V]
     else:
-        logits = g.op("Gemm", [x, g.weight(head)], name="/lm_head/Gemm", transB=1)              # [L, V]
-    for t in gs.outputs:
-        g.output(logits if t.name == "logits" else t.name, t.name, np.dtype(t.dtype), t.shape)
-    return g.build()
+        logits = g.op("Gemm", ["hidden", g.weight(head)], name="/lm_head/Gemm", transB=1)      # [R, V]
+    out = {"logits": logits}
+    topk = next((t.shape[1] for t in gs.outputs if t.name == "topk_ids"), 0)
+    if topk:  # sampling head: the host fetches K candidates per row instead of the whole vocabulary
+        values, ids = g.op("TopK", [logits, g.const([topk])], name="/sampling_head/TopK", n_out=2, axis=-1,
+                           largest=1, sorted=1)
+        out.update(topk_values=values, topk_ids=ids)
+    return out

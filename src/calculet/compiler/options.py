@@ -8,6 +8,10 @@ from calculet.compiler.quantize import WEIGHT_POLICIES, policy_table
 from calculet.errors import RequestError
 
 TARGETS = ("cpu",)
+# Fusion passes, each switchable for A/B runs (--no-fuse NAME):
+#   sampling-head  TopK on the logits inside the head graph (host reads K candidates, not the vocabulary)
+FUSIONS = ("sampling-head",)
+SAMPLING_HEAD_K = 64
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,12 @@ class CompileOptions:
     block_size: int = 32
     golden: bool = True          # write golden/ when the reference extra is installed
     golden_tokens: int = 32
+    decode_lanes: tuple[int, ...] = (1,)     # extra decode batch sizes besides `lanes`
+    fusions: frozenset[str] = frozenset(FUSIONS)
+
+    @property
+    def sampling_head_k(self) -> int:
+        return SAMPLING_HEAD_K if "sampling-head" in self.fusions else 0
 
     def __post_init__(self):
         if not 1 <= self.lanes <= 256:
@@ -38,6 +48,12 @@ class CompileOptions:
         if self.weights not in WEIGHT_POLICIES:
             raise RequestError("bad_option", f"--weights {self.weights!r} is not supported; supported: {', '.join(WEIGHT_POLICIES)}")
         policy_table(self.weights, self.block_size)  # validates the block size
+        for n in self.decode_lanes:
+            if not 1 <= n <= self.lanes:
+                raise RequestError("bad_option", f"--decode-lanes: {n} must be in 1..lanes ({self.lanes})")
+        unknown = set(self.fusions) - set(FUSIONS)
+        if unknown:
+            raise RequestError("bad_option", f"unknown fusion {sorted(unknown)}; known: {', '.join(FUSIONS)}")
 
 
 def parse_chunks(text: str) -> tuple[int, ...]:
@@ -46,3 +62,15 @@ def parse_chunks(text: str) -> tuple[int, ...]:
     except ValueError:
         raise RequestError("bad_option", f"--prefill-chunks must be comma-separated integers like 16,128, got {text!r}") from None
     return sizes
+
+
+def parse_fusions(fuse: list[str] | None, no_fuse: list[str] | None) -> frozenset[str]:
+    """--fuse NAME adds (or `--fuse all`), --no-fuse NAME removes (or `--no-fuse all`), from the default: all."""
+    chosen = set(FUSIONS)
+    for name in fuse or []:
+        chosen |= set(FUSIONS) if name == "all" else {name}
+    for name in no_fuse or []:
+        chosen -= set(FUSIONS) if name == "all" else {name}
+        if name != "all" and name not in FUSIONS:
+            raise RequestError("bad_option", f"--no-fuse {name!r}: unknown fusion; known: {', '.join(FUSIONS)}")
+    return frozenset(chosen)

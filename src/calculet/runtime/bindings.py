@@ -1,9 +1,9 @@
-"""IO bindings kept alive between steps: one per (graph, first lane).
+"""IO bindings kept alive between steps: one per body graph and first lane, one per head graph.
 
-Each binding owns small input staging arrays (input_ids, seqlens_k, ...) and a logits array, bound
-once as OrtValues that share memory with numpy; the KV buffers of its lanes are bound as both the
-past_* input and the present_* output, so every run updates them in place. A step only writes a
-few integers into the staging arrays and runs.
+Each binding owns small staging arrays bound once as OrtValues that share memory with numpy. A body
+binds its lanes' KV buffers as both the past_* input and the present_* output, so every run updates
+them in place, and binds its `hidden` output to the input array of the head graph it feeds, so the
+hand-over between the two graphs copies nothing. A step only writes a few integers and runs.
 """
 
 from __future__ import annotations
@@ -14,36 +14,63 @@ from calculet.compiler.graphs import GraphSpec
 from calculet.runtime.lanes import Lanes
 
 
-class Binding:
-    def __init__(self, session, graph: GraphSpec, lanes: Lanes, first_lane: int):
-        import onnxruntime as ort
-
+class _Bound:
+    def __init__(self, session, graph: GraphSpec):
         self.graph = graph
         self.session = session
-        self.first_lane = first_lane
-        rows = slice(first_lane, first_lane + graph.lanes)
-        self.inputs: dict[str, np.ndarray] = {}
         self.io = session.io_binding()
         self._keep = []  # OrtValues must outlive the binding
-        for t in graph.inputs:
-            if t.name.startswith("past_"):
-                continue
-            array = np.zeros(t.shape, dtype=t.dtype)
-            self.inputs[t.name] = array
-            self._bind_input(t.name, ort.OrtValue.ortvalue_from_numpy(array))
-        for layer in range(lanes.layout.num_layers):
-            for part, buffers in (("key", lanes.keys), ("value", lanes.values)):
-                value = ort.OrtValue.ortvalue_from_numpy(buffers[layer][rows])  # a view: shares memory
-                self._bind_input(f"past_{part}.{layer}", value)
-                self.io.bind_ortvalue_output(f"present_{part}.{layer}", value)
-        self.logits = np.zeros((graph.lanes, graph.outputs[0].shape[1]), np.float32)
-        logits_value = ort.OrtValue.ortvalue_from_numpy(self.logits)
-        self._keep.append(logits_value)
-        self.io.bind_ortvalue_output("logits", logits_value)
 
-    def _bind_input(self, name: str, value) -> None:
+    def _value(self, array: np.ndarray):
+        import onnxruntime as ort
+
+        value = ort.OrtValue.ortvalue_from_numpy(array)
         self._keep.append(value)
-        self.io.bind_ortvalue_input(name, value)
+        return value
+
+    def _bind_in(self, name: str, array: np.ndarray) -> None:
+        self.io.bind_ortvalue_input(name, self._value(array))
+
+    def _bind_out(self, name: str, array: np.ndarray) -> None:
+        self.io.bind_ortvalue_output(name, self._value(array))
 
     def run(self) -> None:
         self.session.run_with_iobinding(self.io)
+
+
+class HeadBinding(_Bound):
+    """hidden [R, H] -> logits [R, V] (+ topk_values / topk_ids [R, K])."""
+
+    def __init__(self, session, graph: GraphSpec):
+        super().__init__(session, graph)
+        self.hidden = np.zeros(graph.inputs[0].shape, np.float32)
+        self._bind_in("hidden", self.hidden)
+        self.outputs: dict[str, np.ndarray] = {}
+        for t in graph.outputs:
+            self.outputs[t.name] = np.zeros(t.shape, dtype=t.dtype)
+            self._bind_out(t.name, self.outputs[t.name])
+
+
+class BodyBinding(_Bound):
+    """A prefill or decode body over lanes [first_lane, first_lane + lanes), writing into `head`."""
+
+    def __init__(self, session, graph: GraphSpec, lanes: Lanes, first_lane: int, head: HeadBinding):
+        super().__init__(session, graph)
+        self.first_lane = first_lane
+        self.head = head
+        rows = slice(first_lane, first_lane + graph.lanes)
+        self.inputs: dict[str, np.ndarray] = {}
+        for t in graph.inputs:
+            if not t.name.startswith("past_"):
+                self.inputs[t.name] = np.zeros(t.shape, dtype=t.dtype)
+                self._bind_in(t.name, self.inputs[t.name])
+        for layer in range(lanes.layout.num_layers):
+            for part, buffers in (("key", lanes.keys), ("value", lanes.values)):
+                value = self._value(buffers[layer][rows])  # a view: shares memory with the lane buffer
+                self.io.bind_ortvalue_input(f"past_{part}.{layer}", value)
+                self.io.bind_ortvalue_output(f"present_{part}.{layer}", value)
+        self._bind_out("hidden", head.hidden)
+
+    def run(self) -> None:
+        super().run()
+        self.head.run()

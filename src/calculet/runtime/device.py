@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from calculet.errors import CalculetError, DeviceError, ModelError, RequestError
-from calculet.runtime.bindings import Binding
+from calculet.runtime.bindings import BodyBinding, HeadBinding
 from calculet.runtime.chunking import graph_for
 from calculet.runtime.faults import FaultPlan
 from calculet.runtime.jobs import DecodeJob, JobHandle, JobResult, PhaseTimings, PrefillJob
@@ -35,7 +35,8 @@ class Device:
         self.faults = faults if faults is not None else FaultPlan.from_env()
         self.program: Program | None = None
         self.lanes: Lanes | None = None
-        self._bindings: dict[tuple[str, int], Binding] = {}
+        self._bindings: dict[tuple[str, int], BodyBinding] = {}
+        self._heads: dict[int, HeadBinding] = {}
         self._queue: queue.Queue[JobHandle | None] = queue.Queue()
         self._ids = itertools.count()
         self._worker: threading.Thread | None = None
@@ -49,7 +50,7 @@ class Device:
         program.open_sessions(self.config)
         self.program = program
         self.lanes = Lanes(program.manifest.kv)
-        self._bindings = {}
+        self._bindings, self._heads = {}, {}
         if self._worker is None:
             self._worker = threading.Thread(target=self._loop, name="calculet-device", daemon=True)
             self._worker.start()
@@ -63,7 +64,7 @@ class Device:
             raise ModelError("not_configured", "reset() before configure(): load and configure a calbin first")
         program.open_sessions(self.config)
         self.lanes.reset_all()
-        self._bindings = {}
+        self._bindings, self._heads = {}, {}
         self.healthy = True
 
     def close(self) -> None:
@@ -150,10 +151,9 @@ class Device:
         t1 = time.perf_counter()
         b.run()
         t2 = time.perf_counter()
-        logits = b.logits.copy()
-        t3 = time.perf_counter()
+        result = self._fetch(b.head, [0], queued, t1 - t0, t2 - t1, t2, f"prefill_{size}", size)
         lanes.advance(job.lane, n)
-        return JobResult(logits, PhaseTimings(queued, t1 - t0, t2 - t1, t3 - t2, f"prefill_{size}", size))
+        return result
 
     def _decode(self, job_lanes: tuple[int, ...], tokens: tuple[int, ...], queued: float) -> JobResult:
         lanes, context = self.lanes, self.lanes.context
@@ -161,31 +161,48 @@ class Device:
             if lanes.length(lane) >= context:
                 raise RequestError("context_overflow", f"lane {lane} is full: {lanes.length(lane)} tokens = the context of {context}")
         t0 = time.perf_counter()
-        b = self._binding("decode", 0)
+        graph = self.program.decode_graph_for(max(job_lanes) + 1)
+        b = self._binding(graph.name, 0)
         ids, seqlens = b.inputs["input_ids"], b.inputs["seqlens_k"]
         ids.fill(0)
-        # Rows not in this job still get a write: aim it at their next free position, which the
-        # lane's next real step overwrites (free lanes: position 0).
-        for lane in range(lanes.count):
+        # Rows of this graph not in the job still get a write: aim it at their next free position,
+        # which the lane's next real step overwrites (free lanes: position 0).
+        for lane in range(graph.lanes):
             seqlens[lane] = min(lanes.length(lane), context - 1) if lanes.in_use(lane) else 0
-        rows = np.asarray(job_lanes)
+        rows = list(job_lanes)
         ids[rows, 0] = tokens
         b.inputs["total_seq_len"][...] = int(seqlens.max()) + 1
         t1 = time.perf_counter()
         b.run()
         t2 = time.perf_counter()
-        logits = b.logits[rows]
-        t3 = time.perf_counter()
+        result = self._fetch(b.head, rows, queued, t1 - t0, t2 - t1, t2, graph.name, graph.lanes)
         for lane in job_lanes:
             lanes.advance(lane, 1)
-        return JobResult(logits, PhaseTimings(queued, t1 - t0, t2 - t1, t3 - t2, "decode", lanes.count))
+        return result
+
+    def _fetch(self, head: HeadBinding, rows: list[int], queued: float, prep: float, infer: float, t_done: float,
+               graph: str, computed: int) -> JobResult:
+        """Copy this job's rows out of the head's output buffers (the next job reuses them)."""
+        out = head.outputs
+        logits = out["logits"][rows]
+        topk_ids = out["topk_ids"][rows] if "topk_ids" in out else None
+        topk_values = out["topk_values"][rows] if "topk_values" in out else None
+        fetch = time.perf_counter() - t_done
+        return JobResult(logits, PhaseTimings(queued, prep, infer, fetch, graph, computed), topk_ids, topk_values)
 
     # --- helpers -------------------------------------------------------------------------
-    def _binding(self, graph_name: str, first_lane: int) -> Binding:
+    def _head(self, rows: int) -> HeadBinding:
+        if rows not in self._heads:
+            graph = self.program.head_graphs[rows]
+            self._heads[rows] = HeadBinding(self.program.sessions[graph.name], graph)
+        return self._heads[rows]
+
+    def _binding(self, graph_name: str, first_lane: int) -> BodyBinding:
         key = (graph_name, first_lane)
         if key not in self._bindings:
-            graph = next(g for g in self.program.graphs if g.name == graph_name)
-            self._bindings[key] = Binding(self.program.sessions[graph_name], graph, self.lanes, first_lane)
+            graph = self.program.graph(graph_name)
+            self._bindings[key] = BodyBinding(self.program.sessions[graph_name], graph, self.lanes, first_lane,
+                                              self._head(graph.lanes))
         return self._bindings[key]
 
     def _check_lane(self, lane: int) -> None:

@@ -53,6 +53,8 @@ class PhaseTimings:
 class JobResult:
     logits: np.ndarray         # [len(job lanes), vocab] float32, rows in the job's lane order
     timings: PhaseTimings
+    topk_ids: np.ndarray | None = None     # [rows, K] int64 from the on-graph sampling head, best first
+    topk_values: np.ndarray | None = None  # [rows, K] float32 logits of those ids
 
 
 @dataclass

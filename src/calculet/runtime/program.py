@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from calculet.calbin.manifest import Manifest, read_manifest, verify_files
-from calculet.compiler.graphs import DECODE, PREFILL, GraphSpec
+from calculet.compiler.graphs import DECODE, HEAD, PREFILL, GraphSpec
 from calculet.errors import DeviceError, ModelError
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"]}
@@ -44,19 +44,31 @@ class Program:
         self.manifest: Manifest = read_manifest(self.path)
         verify_files(self.manifest, self.path, full_hash=full_hash)
         self.graphs = [GraphSpec.from_json(g) for g in self.manifest.graphs]
-        self.decode_graph = self._one(DECODE)
-        self.prefill_graphs = sorted((g for g in self.graphs if g.type == PREFILL), key=lambda g: g.tokens)
-        if not self.prefill_graphs:
-            raise ModelError("graph_not_found", f"{self.path}: the calbin has no prefill graph")
+        self.prefill_graphs = self._of(PREFILL, key=lambda g: g.tokens)
+        self.decode_graphs = self._of(DECODE, key=lambda g: g.lanes)
+        self.head_graphs = {g.lanes: g for g in self._of(HEAD, key=lambda g: g.lanes)}
+        for g in self.decode_graphs + [self.prefill_graphs[0]]:
+            if g.lanes not in self.head_graphs:
+                raise ModelError("graph_not_found", f"{self.path}: no head graph for {g.lanes} rows (needed by {g.name!r})")
         self.sessions: dict[str, object] = {}
         self._weights = None
         self.load_seconds = 0.0
 
-    def _one(self, kind: str) -> GraphSpec:
-        found = [g for g in self.graphs if g.type == kind]
-        if len(found) != 1:
-            raise ModelError("graph_not_found", f"{self.path}: expected exactly one {kind} graph, found {len(found)}")
-        return found[0]
+    def _of(self, kind: str, key) -> list[GraphSpec]:
+        found = sorted((g for g in self.graphs if g.type == kind), key=key)
+        if not found:
+            raise ModelError("graph_not_found", f"{self.path}: the calbin has no {kind} graph")
+        return found
+
+    def graph(self, name: str) -> GraphSpec:
+        for g in self.graphs:
+            if g.name == name:  # exact names only
+                return g
+        raise ModelError("graph_not_found", f"{self.path}: no graph named {name!r}")
+
+    def decode_graph_for(self, rows: int) -> GraphSpec:
+        """The smallest decode graph covering lanes 0..rows-1."""
+        return next(g for g in self.decode_graphs if g.lanes >= rows)
 
     @property
     def quantized(self) -> bool:
