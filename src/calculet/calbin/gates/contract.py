@@ -1,34 +1,33 @@
-"""Gate C, contract: lanes, context, vocab, KV layout and dtypes agree everywhere they are stated.
+"""Gate C, contract (shapes half): lanes, context, KV layout, hidden width and dtypes agree everywhere.
 
-    manifest (profile, kv, hyperparameters, tokenizer)  ==  graphs[] as declared  ==  each .onnx's inputs/outputs
-                                                        ==  tokenizer.json (vocab, special ids)
+    manifest (profile, kv, hyperparameters)  ==  graphs[] as declared  ==  each .onnx's inputs and outputs
 
 Each KV tensor is [lanes, kv_heads, context, head_dim]; its dimensions are split over C.lanes,
 C.context and C.kv_shape so that one wrong number fails one check. A graph's type must agree with
-its shapes: prefill runs one lane with many tokens (or a last_index input), decode one token per lane.
+its shapes: prefill runs one lane with many tokens (or a last_index input), decode one token per
+lane, a head turns `hidden` rows into logits. The vocabulary half is contract_vocab.py.
 """
 
 from __future__ import annotations
 
-from calculet.calbin.validate_report import Check, Rule, Severity
+from calculet.calbin.gates import contract_vocab
 from calculet.calbin.gates.context import GateContext
+from calculet.calbin.gates.layout import BODY_TYPES, DECODE, HEAD, PREFILL, Layout, expected_layout
+from calculet.calbin.validate_report import Check, Rule, Severity
 
 GRAPH_IO = Rule("C.graph_io", "each .onnx declares exactly the inputs and outputs the manifest lists (names, static shapes, dtypes)")
-LANES = Rule("C.lanes", "lanes agree: profile, KV layout, decode graph (= lanes) and prefill graphs (= 1), on every tensor")
+LANES = Rule("C.lanes", "lanes agree: profile, KV layout, each graph's entry point (prefill 1, decode_<n> n) and every tensor's rows")
 CONTEXT = Rule("C.context", "context agrees: profile, KV layout and every KV tensor")
 CONTEXT_TRAINED = Rule("C.context_trained", "the context does not exceed the model's max_position_embeddings", Severity.WARNING)
 PREFILL_CHUNKS = Rule("C.prefill_chunks", "prefill graphs cover exactly the profile's chunk sizes, prefill_<S> taking S tokens")
-GRAPH_TYPE = Rule("C.graph_type", "each graph's type agrees with its shapes; one decode graph, at least one prefill graph")
+GRAPH_TYPE = Rule("C.graph_type", "each graph's type agrees with its shapes; prefill and decode graphs present")
 KV_SHAPE = Rule("C.kv_shape", "KV layout agrees with the model: layers, kv heads, head_dim; past_*/present_* pairs per layer")
-DTYPE = Rule("C.dtype", "dtypes agree: KV tensors use the KV dtype; ids int64, seqlens int32, logits float32")
-VOCAB = Rule("C.vocab", "vocab agrees: model, every graph's logits, the manifest's tokenizer entry and tokenizer.json")
-TOKENIZER = Rule("C.tokenizer", "tokenizer.json is readable and holds a vocabulary")
-SPECIAL_TOKENS = Rule("C.special_tokens", "BOS, EOS and PAD ids are tokens of the tokenizer and inside the model vocab")
-RULES = (GRAPH_IO, LANES, CONTEXT, CONTEXT_TRAINED, PREFILL_CHUNKS, GRAPH_TYPE, KV_SHAPE, DTYPE, VOCAB, TOKENIZER,
-         SPECIAL_TOKENS)
+HIDDEN = Rule("C.hidden", "split layout: bodies emit hidden [rows, hidden_size], and a head graph takes each body's rows")
+DTYPE = Rule("C.dtype", "dtypes agree: KV tensors use the KV dtype; ids int64, seqlens int32, hidden/logits float32")
+RULES = (GRAPH_IO, LANES, CONTEXT, CONTEXT_TRAINED, PREFILL_CHUNKS, GRAPH_TYPE, KV_SHAPE, HIDDEN, DTYPE) + contract_vocab.RULES
 
 FIXED_DTYPES = {"input_ids": "int64", "seqlens_k": "int32", "total_seq_len": "int32", "last_index": "int64",
-                "logits": "float32"}
+                "hidden": "float32", "logits": "float32", "topk_values": "float32", "topk_ids": "int64"}
 KV_PREFIXES = ("past_key.", "past_value.", "present_key.", "present_value.")
 MAX_LAYERS = 4096  # above this a manifest is not describing a real model; stop before building huge name sets
 
@@ -36,24 +35,21 @@ MAX_LAYERS = 4096  # above this a manifest is not describing a real model; stop 
 def run(ctx: GateContext) -> list[Check]:
     m = ctx.manifest
     graphs = ctx.graphs()
-    vocab_ids, tok_problem = _tokenizer_ids(ctx)
+    layout = expected_layout(ctx.section("profile"))
     return [
         GRAPH_IO.check([p for g in graphs for p in _io_problems(ctx, g)], f"{len(graphs)} graphs declare what the manifest lists"),
-        LANES.check(_lanes_problems(m, graphs), f"lanes {m.profile.lanes} (prefill 1)"),
+        LANES.check(_lanes_problems(m, graphs, layout), f"lanes {m.profile.lanes}; decode {sorted(layout.decode.values())}"),
         CONTEXT.check(_context_problems(m, graphs), f"context {m.profile.context}"),
         _context_trained(ctx),
         PREFILL_CHUNKS.check(_chunk_problems(m, graphs), f"prefill chunks {list(m.profile.prefill_chunks)}"),
-        GRAPH_TYPE.check(_type_problems(graphs), "graph types agree with their shapes"),
+        GRAPH_TYPE.check(_type_problems(graphs, layout), "graph types agree with their shapes"),
         KV_SHAPE.check(_kv_problems(ctx, graphs), f"KV {m.kv.layout} [lanes, {m.kv.kv_heads}, context, {m.kv.head_dim}] "
                                                    f"x {m.kv.num_layers} layers"),
+        HIDDEN.check(_hidden_problems(ctx, graphs, layout),
+                     f"hidden width {ctx.hparams().get('hidden_size')}; heads for rows {sorted(layout.head.values())}"
+                     if layout.split else "single layout: prefill and decode emit logits themselves"),
         DTYPE.check(_dtype_problems(m, graphs), f"KV {m.kv.dtype}; fixed I/O dtypes"),
-        VOCAB.check(_vocab_problems(ctx, graphs, vocab_ids), f"vocab {ctx.hparams().get('vocab_size')}",
-                    {"model": ctx.hparams().get("vocab_size"), "tokenizer_manifest": m.tokenizer.vocab_size,
-                     "tokenizer_json": len(vocab_ids) if vocab_ids is not None else None}),
-        TOKENIZER.check([tok_problem] if tok_problem else [], "tokenizer.json readable"),
-        SPECIAL_TOKENS.check(_special_problems(ctx, vocab_ids), "special token ids in range",
-                             {"bos": m.tokenizer.bos_token_id, "eos": list(m.tokenizer.eos_token_ids), "pad": m.tokenizer.pad_token_id}),
-    ]
+    ] + contract_vocab.run(ctx)
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -119,22 +115,28 @@ def _io_problems(ctx: GateContext, g: dict) -> list[str]:
     return problems
 
 
-def _lanes_problems(m, graphs: list[dict]) -> list[str]:
+def _lanes_problems(m, graphs: list[dict], layout: Layout) -> list[str]:
     problems = []
     if m.kv.lanes != m.profile.lanes:
         problems.append(f"kv.lanes {m.kv.lanes} != profile.lanes {m.profile.lanes}")
+    decode_lanes = []
     for g in graphs:
-        name, lanes = g.get("name"), g.get("lanes")
-        want = m.profile.lanes if g.get("type") == "decode" else 1
-        if g.get("type") in ("prefill", "decode") and lanes != want:
-            problems.append(f"graph {name!r} ({g.get('type')}) has lanes {lanes}, expected {want}")
+        name, kind, lanes = g.get("name"), g.get("type"), g.get("lanes")
+        want = {PREFILL: {name: 1}, DECODE: layout.decode, HEAD: layout.head}.get(kind, {}).get(name)
+        if want is not None and lanes != want:
+            problems.append(f"graph {name!r} ({kind}) has lanes {lanes}; that entry point serves {want}")
+        if kind == DECODE:
+            decode_lanes.append(lanes)
         ins, outs = _tensors(g, "inputs"), _tensors(g, "outputs")
-        for t, where in ((ins.get("input_ids"), "input_ids"), (ins.get("seqlens_k"), "seqlens_k"), (outs.get("logits"), "logits")):
+        rows = [(ins.get(t), t) for t in ("input_ids", "seqlens_k", "hidden")] + [(outs.get(t), t) for t in ("hidden", "logits")]
+        for t, what in rows:
             if t is not None and _dim(t, 0) != lanes:
-                problems.append(f"graph {name!r}: {where} {t.get('shape')} has {_dim(t, 0)} rows, the graph has {lanes} lanes")
+                problems.append(f"graph {name!r}: {what} {t.get('shape')} has {_dim(t, 0)} rows, the graph has {lanes} lanes")
         for _, t in _kv_tensors(g):
             if _dim(t, 0) != lanes:
                 problems.append(f"graph {name!r}: {t['name']} {t.get('shape')} has {_dim(t, 0)} lanes, the graph has {lanes}")
+    if decode_lanes and max(decode_lanes) != m.profile.lanes:
+        problems.append(f"the widest decode graph has {max(decode_lanes)} lanes; profile.lanes is {m.profile.lanes}")
     return problems
 
 
@@ -176,26 +178,38 @@ def _chunk_problems(m, graphs: list[dict]) -> list[str]:
     return problems
 
 
-def _type_problems(graphs: list[dict]) -> list[str]:
+def _type_problems(graphs: list[dict], layout: Layout) -> list[str]:
     problems = []
     for g in graphs:
         name, kind, lanes, tokens = g.get("name"), g.get("type"), g.get("lanes"), g.get("tokens")
-        has_last = "last_index" in _tensors(g, "inputs")
-        if kind == "decode":
+        ins = _tensors(g, "inputs")
+        has_last = "last_index" in ins
+        if kind == DECODE:
             if tokens != 1:
                 problems.append(f"graph {name!r} is labelled decode but takes {tokens} tokens per lane (decode takes 1)")
             if has_last:
                 problems.append(f"graph {name!r} is labelled decode but has a last_index input (a prefill input)")
-        elif kind == "prefill":
+        elif kind == PREFILL:
             if lanes != 1:
                 problems.append(f"graph {name!r} is labelled prefill but has {lanes} lanes (prefill runs one lane)")
             if not (isinstance(tokens, int) and tokens > 1) and not has_last:
                 problems.append(f"graph {name!r} is labelled prefill but takes {tokens} token and has no last_index input")
-    n_decode = sum(g.get("type") == "decode" for g in graphs)
-    if n_decode != 1:
-        problems.append(f"{n_decode} graphs are labelled decode; the runtime needs exactly one")
-    if not any(g.get("type") == "prefill" for g in graphs):
+        elif kind == HEAD:
+            if set(ins) != {"hidden"} or _kv_tensors(g):
+                problems.append(f"graph {name!r} is labelled head but takes {sorted(ins)} (a head takes only hidden)")
+        if kind in BODY_TYPES and "input_ids" not in ins:
+            problems.append(f"graph {name!r} is labelled {kind} but has no input_ids input")
+    decode = [g.get("lanes") for g in graphs if g.get("type") == DECODE]
+    if layout.split and len(set(decode)) != len(decode):
+        problems.append(f"decode graphs have lanes {decode}; each decode batch size once")
+    if not layout.split and len(decode) != 1:
+        problems.append(f"{len(decode)} graphs are labelled decode; this layout needs exactly one")
+    if not decode:
+        problems.append("no graph is labelled decode; the runtime needs at least one")
+    if not any(g.get("type") == PREFILL for g in graphs):
         problems.append("no graph is labelled prefill; the runtime needs at least one")
+    if layout.split and not any(g.get("type") == HEAD for g in graphs):
+        problems.append("no graph is labelled head; split-layout bodies emit hidden states that need one")
     return problems
 
 
@@ -211,6 +225,8 @@ def _kv_problems(ctx: GateContext, graphs: list[dict]) -> list[str]:
     if not 1 <= layers <= MAX_LAYERS:
         return problems + [f"num_layers {layers} is outside 1..{MAX_LAYERS}; per-layer KV tensors not checked"]
     for g in graphs:
+        if g.get("type") not in BODY_TYPES:
+            continue  # heads hold no KV (C.graph_type says so when one does)
         name = g.get("name")
         ins, outs = _tensors(g, "inputs"), _tensors(g, "outputs")
         want_in = {f"past_{p}.{i}" for p in ("key", "value") for i in range(layers)}
@@ -237,6 +253,27 @@ def _kv_problems(ctx: GateContext, graphs: list[dict]) -> list[str]:
     return problems
 
 
+def _hidden_problems(ctx: GateContext, graphs: list[dict], layout: Layout) -> list[str]:
+    if not layout.split:
+        return []
+    width = ctx.hparams().get("hidden_size")
+    problems = []
+    head_rows = {g.get("lanes") for g in graphs if g.get("type") == HEAD}
+    for g in graphs:
+        name, kind, lanes = g.get("name"), g.get("type"), g.get("lanes")
+        io = "outputs" if kind in BODY_TYPES else "inputs" if kind == HEAD else None
+        if io is None:
+            continue
+        hidden = _tensors(g, io).get("hidden")
+        if hidden is None:
+            problems.append(f"graph {name!r} ({kind}) has no hidden {io[:-1]}")
+        elif hidden.get("shape") != [lanes, width]:
+            problems.append(f"graph {name!r}: hidden {hidden.get('shape')}, expected [{lanes}, {width}] (rows, hidden_size)")
+        if kind in BODY_TYPES and lanes not in head_rows:
+            problems.append(f"graph {name!r} emits {lanes} hidden rows but no head graph takes {lanes} rows")
+    return problems
+
+
 def _dtype_problems(m, graphs: list[dict]) -> list[str]:
     problems = []
     for g in graphs:
@@ -246,59 +283,4 @@ def _dtype_problems(m, graphs: list[dict]) -> list[str]:
                 want = m.kv.dtype if name.startswith(KV_PREFIXES) else FIXED_DTYPES.get(name)
                 if want is not None and t.get("dtype") != want:
                     problems.append(f"graph {g.get('name')!r}: {name} is {t.get('dtype')}, expected {want}")
-    return problems
-
-
-def _tokenizer_ids(ctx: GateContext) -> tuple[set[int] | None, str | None]:
-    tok = ctx.tokenizer_json()
-    if isinstance(tok, str):
-        return None, tok
-    model = tok.get("model") if isinstance(tok.get("model"), dict) else {}
-    vocab = model.get("vocab")
-    if isinstance(vocab, dict):
-        ids = {v for v in vocab.values() if isinstance(v, int)}
-    elif isinstance(vocab, list):  # Unigram: [[piece, score], ...], ids are positions
-        ids = set(range(len(vocab)))
-    else:
-        return None, "tokenizer.json has no model.vocab"
-    added = tok.get("added_tokens") if isinstance(tok.get("added_tokens"), list) else []
-    ids |= {a["id"] for a in added if isinstance(a, dict) and isinstance(a.get("id"), int)}
-    return ids, None
-
-
-def _vocab_problems(ctx: GateContext, graphs: list[dict], vocab_ids: set[int] | None) -> list[str]:
-    vocab = ctx.hparams().get("vocab_size")
-    declared = ctx.manifest.tokenizer.vocab_size
-    problems = []
-    for g in graphs:
-        logits = _tensors(g, "outputs").get("logits")
-        if logits is None:
-            problems.append(f"graph {g.get('name')!r} has no logits output")
-        elif _dim(logits, 1) != vocab:
-            problems.append(f"graph {g.get('name')!r}: logits {logits.get('shape')} cover {_dim(logits, 1)} ids, the model vocab is {vocab}")
-    if declared > vocab:
-        problems.append(f"the manifest's tokenizer has {declared} tokens, more than the model's vocab_size {vocab}")
-    if vocab_ids is not None:
-        count = max(vocab_ids) + 1 if vocab_ids else 0
-        if count != declared:
-            problems.append(f"tokenizer.json holds {count} token ids, the manifest's tokenizer.vocab_size says {declared}")
-        if count > vocab:
-            problems.append(f"tokenizer.json holds ids up to {count - 1}, outside the model vocab 0..{vocab - 1}")
-    return problems
-
-
-def _special_problems(ctx: GateContext, vocab_ids: set[int] | None) -> list[str]:
-    tok, vocab = ctx.manifest.tokenizer, ctx.hparams().get("vocab_size")
-    limit = min(vocab, tok.vocab_size)
-    problems = []
-    named = [("bos", tok.bos_token_id), ("pad", tok.pad_token_id)] + [("eos", e) for e in tok.eos_token_ids]
-    for name, value in named:
-        if value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit:
-            problems.append(f"{name} token id {value!r} is outside the vocabulary 0..{limit - 1}")
-        elif vocab_ids is not None and value not in vocab_ids:
-            problems.append(f"{name} token id {value} is not a token of tokenizer.json")
-    if tok.bos_token_id is None and tok.add_bos_token:
-        problems.append("add_bos_token is true but there is no bos_token_id")
     return problems

@@ -2,7 +2,7 @@
 
 Known schema version; required fields present with the right JSON types; graph types from the
 allowed set; graph names unique and equal, exactly, to the entry points the profile implies
-(`prefill_<S>` per chunk size, `decode`): a graph named "decode_v2" does not stand in for "decode";
+(see layout.py: `prefill_<S>`, `decode` or `decode_<n>`, `head_<n>`): "decode_v2" does not stand in for "decode";
 every size in bytes, said so in its name or by the memory plan's `unit`.
 """
 
@@ -13,6 +13,7 @@ import re
 from calculet.calbin.manifest import SUPPORTED_SCHEMAS, Manifest, Profile
 from calculet.calbin.validate_report import Check, Rule, Severity
 from calculet.calbin.gates.context import GateContext
+from calculet.calbin.gates.layout import GRAPH_TYPES, expected_layout
 from calculet.errors import ModelError
 
 SCHEMA_VERSION = Rule("B.schema_version", "the schema version is one this reader supports")
@@ -33,7 +34,6 @@ RULES = (SCHEMA_VERSION, REQUIRED_FIELD, PARSE, TARGET, PROFILE, DTYPE_KNOWN, GR
 BLOCKING = {SCHEMA_VERSION.id, REQUIRED_FIELD.id, PARSE.id, DTYPE_KNOWN.id, SIZE_UNIT.id}
 
 TARGETS = ("cpu", "cuda", "portable")
-GRAPH_TYPES = ("prefill", "decode")
 KV_DTYPES = ("float32", "float16")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2,
                "int8": 1, "uint8": 1, "bool": 1}
@@ -206,6 +206,10 @@ def _profile_problems(profile: dict) -> list[str]:
         problems.append(exc.message)
     if len(set(chunks)) != len(chunks):
         problems.append(f"prefill_chunks {chunks} has duplicates")
+    if "decode_lanes" in profile:
+        sizes = profile["decode_lanes"]
+        if not isinstance(sizes, list) or not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= lanes for n in sizes):
+            problems.append(f"decode_lanes {sizes!r} must list batch sizes in 1..lanes ({lanes})")
     return problems
 
 
@@ -245,9 +249,7 @@ def _graph_checks(ctx: GateContext) -> list[Check]:
 
 
 def _expected_names(ctx: GateContext) -> list[str]:
-    chunks = ctx.section("profile").get("prefill_chunks")
-    chunks = chunks if isinstance(chunks, list) else []
-    return [f"prefill_{s}" for s in chunks] + ["decode"]
+    return expected_layout(ctx.section("profile")).names
 
 
 def _name_problems(ctx: GateContext, names: list) -> list[str]:
