@@ -1,10 +1,12 @@
 """Gate F, numerics: run the golden prompts through the runtime and compare with the reference.
 
-    golden/golden.json ── read_golden ──▶ check_against_golden(golden, run_fn) ──▶ F.greedy / F.topk / F.cosine / F.max_abs_error
-    run_fn(ids, n): Device(cpu) ─ prefill(ids) ─ argmax ─ n-1 decode steps ─▶ (last prompt logits, n greedy tokens)
+    golden/golden.json ── read_golden ──▶ check_against_golden(golden, run_fn, forced_fn=...) ──▶ F.greedy / F.topk /
+                                                                                             F.cosine / F.max_abs_error / F.forced
+    run_fn, forced_fn = engine.golden_runner.golden_fns(Device(cpu)): free-running and teacher-forced greedy
 
-Thresholds come from golden.json; the manifest's `golden.thresholds`, when present, overrides them
-(a quantized policy may state looser ones). Skipped in fast mode and when the calbin has no golden/.
+Thresholds are golden.json's (a quantized policy states looser ones when it is compiled); the
+manifest may repeat them under `golden.thresholds`, and then the two must agree, so neither can be
+loosened alone. Skipped in fast mode and when the calbin has no golden/.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ GREEDY = Rule("F.greedy", "greedy continuations agree with the reference (thresh
 TOPK = Rule("F.topk", "the reference top-k ids are in our top-k (threshold: topk_overlap)")
 COSINE = Rule("F.cosine", "logits cosine on the reference top-k ids (threshold: logits_cosine)")
 MAX_ABS = Rule("F.max_abs_error", "max |ours - reference| on the reference top-k ids (threshold: max_abs_logit_error)")
-RULES = (GOLDEN, GOLDEN_SOURCE, RUN, GREEDY, TOPK, COSINE, MAX_ABS)
+FORCED = Rule("F.forced", "teacher-forced argmax agreement over the golden set (threshold: forced_agreement)")
+RULES = (GOLDEN, GOLDEN_SOURCE, RUN, GREEDY, TOPK, COSINE, MAX_ABS, FORCED)
 METRICS = ((GREEDY, "greedy_agreement", ">="), (TOPK, "topk_overlap", ">="), (COSINE, "logits_cosine", ">="),
            (MAX_ABS, "max_abs_logit_error", "<="))
-WAIT_S = 600.0
 
 
 def run(ctx: GateContext) -> list[Check]:
@@ -41,20 +43,19 @@ def run(ctx: GateContext) -> list[Check]:
                 for r in RULES]
     try:
         golden = read_golden(ctx.folder)
-        thresholds = golden.thresholds
-        if isinstance(declared, dict) and isinstance(declared.get("thresholds"), dict):
-            thresholds = Thresholds(**declared["thresholds"])
     except CalculetError as exc:
         return [GOLDEN.check([exc.message], "")] + [r.skip("no readable golden outputs") for r in RULES[1:]]
-    except (TypeError, ValueError) as exc:
-        return [GOLDEN.check([f"manifest golden.thresholds: {exc}"], "")] + [r.skip("no usable thresholds") for r in RULES[1:]]
-    checks = [GOLDEN.check([], f"{len(golden.prompts)} prompts x {golden.n_tokens} tokens, top-{golden.topk}",
+    thresholds = golden.thresholds
+    problems = _threshold_problems(declared, thresholds, Thresholds)
+    checks = [GOLDEN.check(problems, f"{len(golden.prompts)} prompts x {golden.n_tokens} tokens, top-{golden.topk}",
                            {"thresholds": asdict(thresholds), "skipped_prompts": [s.name for s in golden.skipped]}),
               GOLDEN_SOURCE.check(_source_problems(ctx, golden), "golden made from this source")]
+    if problems:
+        return checks + [r.skip("the golden thresholds are in doubt (F.golden)") for r in RULES[2:]]
     try:
         report = _run_golden(ctx, golden, thresholds, check_against_golden)
     except CalculetError as exc:
-        return checks + [RUN.check([f"{exc.code}: {exc.message}"], "")] + [r.skip("the runtime did not finish") for r, _, _ in METRICS]
+        return checks + [RUN.check([f"{exc.code}: {exc.message}"], "")] + [r.skip("the runtime did not finish") for r in RULES[3:]]
     checks.append(RUN.check([], f"{len(report.prompts)} prompts ran"))
     for rule, key, op in METRICS:
         limit = getattr(thresholds, key)
@@ -64,7 +65,37 @@ def run(ctx: GateContext) -> list[Check]:
         worst = _worst(list(values.values()), op)
         checks.append(rule.check(bad, f"worst {key} {worst:.6g} {op} {limit:g}",
                                  {"threshold": limit, "per_prompt": {k: (float(v) if np.isfinite(v) else None) for k, v in values.items()}}))
+    checks.append(_forced(report, thresholds))
     return checks
+
+
+def _forced(report, thresholds) -> Check:
+    limit = getattr(thresholds, "forced_agreement", None)
+    value = getattr(report, "forced_agreement", None)
+    if limit is None or value is None:
+        return FORCED.skip("teacher-forced agreement not measured by this golden module")
+    per_prompt = {p.name: p.forced_matches for p in report.prompts}
+    bad = [] if value >= limit else [f"teacher-forced agreement {value:.4f} over the set (needs >= {limit:g}); "
+                                     f"matches per prompt out of {report.n_tokens}: {per_prompt}"]
+    return FORCED.check(bad, f"teacher-forced agreement {value:.4f} >= {limit:g}",
+                        {"threshold": limit, "value": value, "matches_per_prompt": per_prompt, "n_tokens": report.n_tokens})
+
+
+def _threshold_problems(declared, thresholds, thresholds_cls) -> list[str]:
+    """The manifest's copy of the thresholds, when it has one, must equal golden.json's."""
+    stated = declared.get("thresholds") if isinstance(declared, dict) else None
+    if stated is None:
+        return []
+    if not isinstance(stated, dict):
+        return [f"manifest golden.thresholds is {type(stated).__name__}, not an object"]
+    try:
+        stated = thresholds_cls(**stated)
+    except (TypeError, ValueError) as exc:
+        return [f"manifest golden.thresholds: {exc}"]
+    if stated != thresholds:
+        diff = {k: (v, getattr(thresholds, k)) for k, v in asdict(stated).items() if v != getattr(thresholds, k)}
+        return [f"manifest golden.thresholds differ from golden.json's (manifest, golden.json): {diff}"]
+    return []
 
 
 def _worst(values: list[float], op: str) -> float:
@@ -85,29 +116,14 @@ def _source_problems(ctx: GateContext, golden) -> list[str]:
 
 
 def _run_golden(ctx: GateContext, golden, thresholds, check_against_golden):
-    from calculet.engine.generate import prefill
+    from calculet.engine.golden_runner import golden_fns
     from calculet.runtime.device import Device
-    from calculet.runtime.jobs import DecodeJob
     from calculet.runtime.program import DeviceConfig
 
     device = Device(DeviceConfig("cpu"))
     try:
         device.configure(device.load(ctx.folder))
-
-        def run_fn(ids: list[int], n_tokens: int):
-            lane = device.lanes.allocate()
-            try:
-                logits = prefill(device, lane, ids)
-                last = logits.copy()
-                tokens = []
-                for i in range(n_tokens):
-                    tokens.append(int(np.argmax(logits)))
-                    if i + 1 < n_tokens:
-                        logits = device.run(DecodeJob((lane,), (tokens[-1],)), WAIT_S).logits[0]
-                return last, tokens
-            finally:
-                device.lanes.free(lane)
-
-        return check_against_golden(golden, run_fn, thresholds)
+        run_fn, forced_fn = golden_fns(device)
+        return check_against_golden(golden, run_fn, thresholds, forced_fn=forced_fn)
     finally:
         device.close()
