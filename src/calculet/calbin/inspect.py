@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from calculet.calbin.gates import ops
@@ -140,7 +140,7 @@ def _summary(folder: Path, m: Manifest) -> dict:
         "target": m.target,
         "model": {"family": m.model.get("family"), "model_type": m.model.get("model_type"),
                   **{k: hp.get(k) for k in keys}, "source": m.model.get("source")},
-        "profile": {"lanes": m.profile.lanes, "context": m.profile.context, "prefill_chunks": list(m.profile.prefill_chunks)},
+        "profile": {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(m.profile).items()},
         "kv": {"layout": m.kv.layout, "dtype": m.kv.dtype, "shape": list(m.kv.shape), "layers": m.kv.num_layers,
                "in_place": m.kv.in_place, "bytes_per_buffer": m.kv.bytes_per_buffer,
                "total_bytes": 2 * m.kv.num_layers * m.kv.bytes_per_buffer},
@@ -151,6 +151,7 @@ def _summary(folder: Path, m: Manifest) -> dict:
         "files": {"count": len(m.files), "bytes": sum(f.bytes for f in m.files.values())},
         "golden": m.golden,
         "toolchain": m.toolchain,
+        "passes": list(getattr(m, "passes", [])),
     }
 
 

@@ -34,7 +34,8 @@ def render_text(report: InspectReport) -> str:
         f"heads {model['num_heads']} / kv {model['num_kv_heads']} x {model['head_dim']}, vocab {model['vocab_size']}"
         + (f", sliding window {model['sliding_window']}" if model.get("sliding_window") else ""),
         f"  source {model['source'].get('kind')} {model['source'].get('path')} (sha256 {str(model['source'].get('sha256'))[:12]}…)",
-        f"  profile: lanes {profile['lanes']}, context {profile['context']}, prefill chunks {profile['prefill_chunks']}",
+        f"  profile: lanes {profile['lanes']}, context {profile['context']}, prefill chunks {profile['prefill_chunks']}"
+        + (f", decode batch sizes {profile['decode_lanes']}" if profile.get("decode_lanes") else ""),
         f"  kv: {kv['layout']} {kv['dtype']} {kv['shape']} x {kv['layers']} layers x (K, V) = {show_bytes(kv['total_bytes'])}"
         + (", updated in place" if kv["in_place"] else ""),
         f"  tokenizer: vocab {tok['vocab_size']}, bos {tok['bos_token_id']}, eos {tok['eos_token_ids']}, pad {tok['pad_token_id']}, "
@@ -42,7 +43,8 @@ def render_text(report: InspectReport) -> str:
         f"  weights: {weights['file']} {show_bytes(weights['bytes'])} in {weights['tensors']} tensors; "
         f"{s['files']['count']} files, {show_bytes(s['files']['bytes'])}",
         f"  golden: {s['golden'] if s['golden'] else 'none'}",
-        f"  toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
+        f"  passes: {', '.join(s['passes']) or 'none'}",
+        "  toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
     ]
     for g in report.graphs:
         out += [""] + _graph(g)
