@@ -172,7 +172,7 @@ FIELDS = ("schema_version", "target", "model", "model.hyperparameters", "model.h
           "graphs.0.inputs.0", "graphs.0.inputs.0.shape", "graphs.1.outputs.0.dtype", "memory_plan.regions.0",
           "memory_plan.regions.1.offset", "memory_plan.regions.1.size", "memory_plan.aliases.0",
           "memory_plan.aliases.0.alias_of", "weights.tensors.0", "weights.tensors.0.offset", "weights.tensors.0.shape")
-FILE_FIELDS = (("files", "tokenizer.json"), ("files", "graphs/decode.onnx", "bytes"), ("files", "graphs/weights.bin", "sha256"))
+FILE_FIELDS = (("files", "tokenizer.json"), ("files", "graphs/weights.bin", "bytes"), ("files", "tokenizer.json", "sha256"))
 WRONG = (None, "x", -1, 10**12, [], {}, [1, "a"], {"name": 3})
 VALID = ((("golden",), None), (("tokenizer", "eos_token_ids"), []))  # replacements that leave a valid manifest
 
