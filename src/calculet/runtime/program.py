@@ -36,6 +36,19 @@ class DeviceConfig:
             raise ModelError("bad_option", f"threads must be >= 0, got {self.threads}")
 
 
+def trim_heap() -> None:
+    """Return freed heap pages to the OS (glibc's malloc_trim). Loading a model or a large tokenizer
+    parses big temporary structures; without this their pages stay resident. No-op off glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class Program:
     """A verified calbin on disk plus its sessions (created by `open_sessions`)."""
 
@@ -115,4 +128,15 @@ class Program:
                 self.sessions[g.name] = ort.InferenceSession(str(self.path / g.file), so, providers=PROVIDERS[config.provider])
             except Exception as exc:  # onnxruntime raises its own exception types
                 raise DeviceError("session_create_failed", f"cannot create a session for graph {g.name!r}: {exc}") from None
+        self._release_mapped_pages()
+        trim_heap()
         self.load_seconds = time.perf_counter() - t0
+
+    def _release_mapped_pages(self) -> None:
+        """Prepacking read every weight once; hand those file pages back to the page cache. Tensors the
+        kernels still read (norms, embedding rows, unpacked weights) fault back in on demand."""
+        import mmap
+
+        raw = getattr(self._weights, "_mmap", None)
+        if raw is not None and hasattr(raw, "madvise"):
+            raw.madvise(mmap.MADV_DONTNEED)
