@@ -16,10 +16,11 @@ MS_DOMAIN = "com.microsoft"
 
 
 class GraphBuilder:
-    def __init__(self, name: str, weights: WeightStore, target: str = "cpu"):
+    def __init__(self, name: str, weights: WeightStore, target: str = "cpu", fusions: frozenset[str] = frozenset()):
         self.name = name
         self.weights = weights
         self.target = target  # "cpu" may use ONNX Runtime contrib ops; "portable" may not
+        self.fusions = fusions
         self._nodes = []
         self._inputs = []
         self._outputs = []

@@ -85,7 +85,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     weights = WeightStore()
     table = policy_table(options.weights, options.block_size)
     with _progress(len(source.tensors), f"weights ({options.weights})", "tensor") as bar:
-        quant_record = store_weights(spec, family, source.tensors, table, weights, bar)
+        quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions)
     rope = G.add_rope_tables(spec, profile.context, weights)
     with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
         weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
@@ -93,7 +93,8 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
                                 options.decode_lanes, options.sampling_head_k)
     for gs in signatures:
-        onnx.save_model(G.build_graph(spec, family, gs, weights, rope, options.target), str(folder / gs.file))
+        onnx.save_model(G.build_graph(spec, family, gs, weights, rope, options.target, options.fusions),
+                        str(folder / gs.file))
 
     kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim, True)
     graphs = [gs.to_json() for gs in signatures]

@@ -122,8 +122,8 @@ def add_rope_tables(spec: ModelSpec, context: int, weights: WeightStore) -> dict
 
 
 def build_graph(spec: ModelSpec, family: ModuleType, gs: GraphSpec, weights: WeightStore,
-                rope_tables: dict, target: str = "cpu") -> ModelProto:
-    g = GraphBuilder(gs.name, weights, target)
+                rope_tables: dict, target: str = "cpu", fusions: frozenset[str] = frozenset()) -> ModelProto:
+    g = GraphBuilder(gs.name, weights, target, fusions)
     for t in gs.inputs:
         g.input(t.name, np.dtype(t.dtype), t.shape)
     if gs.type == HEAD:
@@ -141,12 +141,13 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, family: ModuleType, gs: GraphS
         total_seq_len="total_seq_len",
         rope={k: (g.weight(c), g.weight(s)) for k, (c, s) in rope_tables.items()},
     )
-    x = family.embed(g, spec, "input_ids")                                   # [L, S, H]
+    stream = layers.Stream(family.embed(g, spec, "input_ids"))             # [L, S, H]
     for i in range(spec.num_layers):
-        x = family.build_layer(g, spec, i, x, ctx)                          # [L, S, H]
+        stream = family.build_layer(g, spec, i, stream, ctx)                # [L, S, H]
     if gs.type == PREFILL:  # only the last real token goes on: gather before the final norm
-        x = g.op("Gather", [x, "last_index"], name="/model/last_token/Gather", axis=1)  # [1, 1, H]
-    x = layers.rmsnorm(g, x, "model.norm.weight", spec.rms_norm_eps, "/model/norm")
+        gather = lambda v, n: g.op("Gather", [v, "last_index"], name=f"/model/last_token/{n}", axis=1)  # noqa: E731
+        stream = layers.Stream(gather(stream.x, "GatherX"), gather(stream.pending, "GatherBranch"))  # [1, 1, H]
+    x, _ = layers.add_norm(g, stream, "model.norm.weight", spec.rms_norm_eps, "/model/norm")
     return g.op("Reshape", [x, g.const([gs.lanes, spec.hidden_size])], name="/model/flatten/Reshape")  # [L, H]
 
 

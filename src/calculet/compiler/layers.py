@@ -26,6 +26,31 @@ def rmsnorm(g: GraphBuilder, x: str, weight: str, eps: float, scope: str) -> str
     return g.op("Mul", [g.op("Mul", [x, inv], name=f"{scope}/Normalize"), w], name=f"{scope}/Scale")
 
 
+@dataclass(frozen=True)
+class Stream:
+    """The residual stream between layers: x plus a `pending` branch output not yet added.
+
+    Keeping the add pending lets the next norm fuse it: SkipSimplifiedLayerNormalization computes
+    (x + pending) and its RMSNorm in one kernel ("skip-norm" fusion), replacing the pattern
+        x = Add(x, branch);  n = SimplifiedLayerNormalization(x)
+    """
+    x: str
+    pending: str | None = None
+
+
+def add_norm(g: GraphBuilder, stream: Stream, weight: str, eps: float, scope: str) -> tuple[str, Stream]:
+    """(RMSNorm(x + pending), new stream with the sum as x)."""
+    if stream.pending is None:
+        return rmsnorm(g, stream.x, weight, eps, scope), Stream(stream.x)
+    if g.target == "cpu" and "skip-norm" in g.fusions:
+        normed, _mean, _inv, total = g.op(
+            "SkipSimplifiedLayerNormalization", [stream.x, stream.pending, g.weight(weight)],
+            name=f"{scope}/SkipSimplifiedLayerNorm", n_out=4, domain=MS_DOMAIN, epsilon=float(eps))
+        return normed, Stream(total)
+    total = g.op("Add", [stream.x, stream.pending], name=f"{scope}/ResidualAdd")
+    return rmsnorm(g, total, weight, eps, scope), Stream(total)
+
+
 def head_rmsnorm(g: GraphBuilder, x: str, heads: int, head_dim: int, weight: str, eps: float, scope: str) -> str:
     """RMSNorm over each head: [L, S, heads*D] -> [L, S, heads, D] -> norm -> [L, S, heads*D]."""
     split = g.op("Reshape", [x, g.const([0, 0, heads, head_dim])], name=f"{scope}/SplitHeads")
@@ -57,10 +82,35 @@ def linear(g: GraphBuilder, x: str, weight: str, scope: str, bias: str | None = 
     return y
 
 
+def _split(g: GraphBuilder, x: str, sizes: list[int], scope: str) -> list[str]:
+    return g.op("Split", [x, g.const(sizes)], name=f"{scope}/Split", n_out=len(sizes), axis=-1)
+
+
+def qkv_projections(g: GraphBuilder, spec, x: str, prefix: str, scope: str) -> tuple[str, str, str]:
+    """q [.., N*D], k, v [.., Nkv*D]. With the "qkv" fusion the three weights were packed into one
+    `qkv_proj` at compile time: one MatMul then a Split replaces three MatMuls."""
+    sizes = [spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim]
+    bias = (lambda proj: f"{prefix}.{proj}.bias") if spec.qkv_bias else (lambda proj: None)
+    packed = f"{prefix}.qkv_proj.weight"
+    if packed in g.weights or g.weights.quant(packed) is not None:
+        qkv = linear(g, x, packed, f"{scope}/qkv_proj", bias("qkv_proj"))
+        q, k, v = _split(g, qkv, sizes, f"{scope}/qkv_proj")
+        return q, k, v
+    return tuple(linear(g, x, f"{prefix}.{p}.weight", f"{scope}/{p}", bias(p)) for p in ("q_proj", "k_proj", "v_proj"))
+
+
 def gated_mlp(g: GraphBuilder, x: str, prefix: str, activation: str, scope: str) -> str:
-    """down(act(gate(x)) * up(x)); activation is "silu" or "gelu_tanh"."""
-    gate = linear(g, x, f"{prefix}.gate_proj.weight", f"{scope}/gate_proj")
-    up = linear(g, x, f"{prefix}.up_proj.weight", f"{scope}/up_proj")
+    """down(act(gate(x)) * up(x)); activation is "silu" or "gelu_tanh". With the "gate-up" fusion the
+    gate and up weights were packed into one `gate_up_proj`: one MatMul then a Split."""
+    packed = f"{prefix}.gate_up_proj.weight"
+    if packed in g.weights or g.weights.quant(packed) is not None:
+        both = linear(g, x, packed, f"{scope}/gate_up_proj")
+        q = g.weights.quant(packed)
+        width = (q.n if q is not None else g.weights.entry(packed).shape[1]) // 2
+        gate, up = _split(g, both, [width, width], f"{scope}/gate_up_proj")
+    else:
+        gate = linear(g, x, f"{prefix}.gate_proj.weight", f"{scope}/gate_proj")
+        up = linear(g, x, f"{prefix}.up_proj.weight", f"{scope}/up_proj")
     if activation == "silu":
         act = g.op("Mul", [gate, g.op("Sigmoid", [gate], name=f"{scope}/act/Sigmoid")], name=f"{scope}/act/Mul")
     elif activation == "gelu_tanh":

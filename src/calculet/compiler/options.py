@@ -10,7 +10,11 @@ from calculet.errors import RequestError
 TARGETS = ("cpu",)
 # Fusion passes, each switchable for A/B runs (--no-fuse NAME):
 #   sampling-head  TopK on the logits inside the head graph (host reads K candidates, not the vocabulary)
-FUSIONS = ("sampling-head",)
+#   skip-norm      residual Add + RMSNorm -> SkipSimplifiedLayerNormalization
+#   qkv            q/k/v projections packed into one weight: one MatMul + Split
+#   gate-up        MLP gate and up projections packed: one MatMul + Split
+# Attention is always the fused GroupQueryAttention with in-place KV (the runtime's contract).
+FUSIONS = ("sampling-head", "skip-norm", "qkv", "gate-up")
 SAMPLING_HEAD_K = 64
 
 

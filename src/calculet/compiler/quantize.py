@@ -163,7 +163,41 @@ def quantize_best_block(w: np.ndarray, fmt: QuantFormat) -> tuple[QuantFormat, Q
     return (alt_fmt, alt) if alt.exact_fraction > first.exact_fraction + 0.5 else (fmt, first)
 
 
-def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, progress=None) -> dict[str, dict]:
+_PACKS = {  # fusion -> (member suffixes in output order, packed suffix)
+    "qkv": ((".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj"), ".self_attn.qkv_proj"),
+    "gate-up": ((".mlp.gate_proj", ".mlp.up_proj"), ".mlp.gate_up_proj"),
+}
+
+
+def _packed(weights, fusions: frozenset[str]):
+    """Concatenate the members of each enabled pack along the output axis ([in, out] layout; biases 1-D).
+
+    Row-wise block quantization runs along K per output feature, so packing first gives exactly the
+    codes each member would have had on its own."""
+    pending: dict[str, dict[str, np.ndarray]] = {}
+    for name, array in weights:
+        hit = None
+        for fusion, (members, packed) in _PACKS.items():
+            if fusion not in fusions:
+                continue
+            for member in members:
+                for kind in (".weight", ".bias"):
+                    if name.endswith(member + kind):
+                        hit = (name[: -len(member + kind)], members, packed, member, kind)
+        if hit is None:
+            yield name, array
+            continue
+        prefix, members, packed, member, kind = hit
+        group = pending.setdefault(prefix + packed + kind, {})
+        group[member] = array
+        if len(group) == len(members):
+            yield prefix + packed + kind, np.concatenate([group[m] for m in members], axis=-1)
+            del pending[prefix + packed + kind]
+    assert not pending, f"incomplete packs: {sorted(pending)}"
+
+
+def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, progress=None,
+                  fusions: frozenset[str] = frozenset()) -> dict[str, dict]:
     """Run the family's weights through the policy into the store; returns the per-tensor record.
 
     Linear weights arrive as [in, out] (MatMul layout) and are quantized as [out, in] rows. With tied
@@ -180,7 +214,7 @@ def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, p
         record[name] = {**fmt.to_json(), "module": module_class(name), "exact_blocks": round(q.exact_fraction, 4),
                         "max_abs_error": q.max_abs_error}
 
-    for name, array in family.prepare_weights(spec, tensors):
+    for name, array in _packed(family.prepare_weights(spec, tensors), fusions):
         cls = module_class(name)
         fmt = table.get(cls, FP32)
         if cls == "embedding":

@@ -108,22 +108,18 @@ def embed(g, spec: ModelSpec, input_ids: str) -> str:
     return g.op("Mul", [x, scale], name="/model/embed_tokens/Scale")
 
 
-def build_layer(g, spec: ModelSpec, i: int, x: str, ctx: layers.AttentionInputs) -> str:
+def build_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.AttentionInputs) -> layers.Stream:
     p, s = f"model.layers.{i}", f"/model/layers.{i}"
     eps = spec.rms_norm_eps
-    n = layers.rmsnorm(g, x, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
-    bias = (lambda proj: f"{p}.self_attn.{proj}.bias") if spec.qkv_bias else (lambda proj: None)
-    q = layers.linear(g, n, f"{p}.self_attn.q_proj.weight", f"{s}/attn/q_proj", bias("q_proj"))
-    k = layers.linear(g, n, f"{p}.self_attn.k_proj.weight", f"{s}/attn/k_proj", bias("k_proj"))
-    v = layers.linear(g, n, f"{p}.self_attn.v_proj.weight", f"{s}/attn/v_proj", bias("v_proj"))
+    n, stream = layers.add_norm(g, stream, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
+    q, k, v = layers.qkv_projections(g, spec, n, f"{p}.self_attn", f"{s}/attn")
     q = layers.head_rmsnorm(g, q, spec.num_heads, spec.head_dim, f"{p}.self_attn.q_norm.weight", eps, f"{s}/attn/q_norm")
     k = layers.head_rmsnorm(g, k, spec.num_kv_heads, spec.head_dim, f"{p}.self_attn.k_norm.weight", eps, f"{s}/attn/k_norm")
     a = layers.attention(g, spec, i, q, k, v, ctx, f"{s}/attn")
     o = layers.linear(g, a, f"{p}.self_attn.o_proj.weight", f"{s}/attn/o_proj")
     o = layers.rmsnorm(g, o, f"{p}.post_attention_layernorm.weight", eps, f"{s}/post_attention_layernorm")
-    x = g.op("Add", [x, o], name=f"{s}/attn/ResidualAdd")
-    m = layers.rmsnorm(g, x, f"{p}.pre_feedforward_layernorm.weight", eps, f"{s}/pre_feedforward_layernorm")
+    m, stream = layers.add_norm(g, layers.Stream(stream.x, o), f"{p}.pre_feedforward_layernorm.weight", eps,
+                                f"{s}/pre_feedforward_layernorm")
     m = layers.gated_mlp(g, m, f"{p}.mlp", "gelu_tanh", f"{s}/mlp")
     m = layers.rmsnorm(g, m, f"{p}.post_feedforward_layernorm.weight", eps, f"{s}/post_feedforward_layernorm")
-    return g.op("Add", [x, m], name=f"{s}/mlp/ResidualAdd")
-
+    return layers.Stream(stream.x, m)

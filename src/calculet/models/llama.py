@@ -3,6 +3,7 @@
 Per layer (pre-norm):
     x = x + o_proj(attn(rope(qk_norm?(q_proj(n))), rope(qk_norm?(k_proj(n))), v_proj(n)))   n = norm_in(x)
     x = x + down(silu(gate(m)) * up(m))                                                     m = norm_post(x)
+Each residual add is left pending in the Stream so the next norm can fuse it (skip-norm).
 """
 
 from __future__ import annotations
@@ -81,21 +82,16 @@ def embed(g, spec: ModelSpec, input_ids: str) -> str:
     return layers.embedding(g, "model.embed_tokens.weight", input_ids, "/model/embed_tokens")
 
 
-def build_layer(g, spec: ModelSpec, i: int, x: str, ctx: layers.AttentionInputs) -> str:
+def build_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.AttentionInputs) -> layers.Stream:
     p, s = f"model.layers.{i}", f"/model/layers.{i}"
     eps = spec.rms_norm_eps
-    n = layers.rmsnorm(g, x, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
-    bias = (lambda proj: f"{p}.self_attn.{proj}.bias") if spec.qkv_bias else (lambda proj: None)
-    q = layers.linear(g, n, f"{p}.self_attn.q_proj.weight", f"{s}/attn/q_proj", bias("q_proj"))
-    k = layers.linear(g, n, f"{p}.self_attn.k_proj.weight", f"{s}/attn/k_proj", bias("k_proj"))
-    v = layers.linear(g, n, f"{p}.self_attn.v_proj.weight", f"{s}/attn/v_proj", bias("v_proj"))
+    n, stream = layers.add_norm(g, stream, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
+    q, k, v = layers.qkv_projections(g, spec, n, f"{p}.self_attn", f"{s}/attn")
     if spec.qk_norm:
         q = layers.head_rmsnorm(g, q, spec.num_heads, spec.head_dim, f"{p}.self_attn.q_norm.weight", eps, f"{s}/attn/q_norm")
         k = layers.head_rmsnorm(g, k, spec.num_kv_heads, spec.head_dim, f"{p}.self_attn.k_norm.weight", eps, f"{s}/attn/k_norm")
     a = layers.attention(g, spec, i, q, k, v, ctx, f"{s}/attn")
     o = layers.linear(g, a, f"{p}.self_attn.o_proj.weight", f"{s}/attn/o_proj")
-    x = g.op("Add", [x, o], name=f"{s}/attn/ResidualAdd")
-    m = layers.rmsnorm(g, x, f"{p}.post_attention_layernorm.weight", eps, f"{s}/post_attention_layernorm")
-    mlp = layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp")
-    return g.op("Add", [x, mlp], name=f"{s}/mlp/ResidualAdd")
-
+    m, stream = layers.add_norm(g, layers.Stream(stream.x, o), f"{p}.post_attention_layernorm.weight", eps,
+                                f"{s}/post_attention_layernorm")
+    return layers.Stream(stream.x, layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp"))
