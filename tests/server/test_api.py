@@ -221,3 +221,14 @@ def test_metrics_exposition(server):
     m = server.metrics()
     assert 0 < m['calculet_device_padding_efficiency{kind="prefill"}'] <= 1
     assert m['calculet_device_phase_seconds_bucket{kind="decode",phase="infer",le="+Inf"}'] > 0
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages.0.content"),
+    ({"messages": [{"role": "user"}], "max_completion_tokens": 0}, "max_completion_tokens"), ({"messages": "hi"}, "messages"),
+])
+def test_chat_bad_parameters_400(server, body, field):
+    r = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field, r.text

@@ -112,3 +112,12 @@ def test_non_stream_client_disconnect_cancels(server):
     m = server.wait_idle(timeout=3)
     assert m["calculet_lanes_in_use"] == 0
     assert m['calculet_requests_total{outcome="cancelled"}'] == before + 1
+
+
+def test_request_timeout_408(slow_calbin, start_server):
+    timed = start_server(slow_calbin, "--request-timeout", "0.5")
+    r = timed.post("/v1/completions", {"prompt": "hi", **LONG})
+    assert r.status_code == 408 and r.json()["error"]["code"] == "request_timeout"
+    assert "0.5 s" in r.json()["error"]["message"]
+    assert timed.wait_idle()["calculet_lanes_in_use"] == 0
+    assert timed.post("/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200

@@ -87,5 +87,10 @@ def chat_request(body: ChatCompletionRequest, prompt_ids: list[int], context: in
         raise RequestError("invalid_parameter", f"top_logprobs={body.top_logprobs} is out of range; allowed: "
                            f"0 <= top_logprobs <= {MAX_LOGPROBS}")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    max_tokens = body.max_tokens
+    if body.max_completion_tokens is not None:
+        if body.max_completion_tokens < 1:
+            raise RequestError("invalid_parameter", f"max_completion_tokens={body.max_completion_tokens} is out of range; "
+                               f"allowed: max_completion_tokens >= 1")
+        max_tokens = body.max_completion_tokens
     return generation_request(body, prompt_ids, max_tokens, logprobs, context, timeout_s)
