@@ -13,7 +13,9 @@ def add_parser(sub) -> None:
     p.add_argument("--lanes", type=int, default=8, help="decode batch lanes (KV slots)")
     p.add_argument("--context", type=int, default=1024, help="context length per lane (KV buffer length)")
     p.add_argument("--prefill-chunks", default="16,128", help="comma-separated prefill chunk sizes")
-    p.add_argument("--target", default="cpu", help="graph target: cpu")
+    p.add_argument("--target", default="cpu",
+                   help="cpu (ONNX Runtime contrib ops: fused attention with in-place KV, int8 kernels) or "
+                        "portable (standard ONNX ops only, for NPU execution providers; --weights fp32 or int8)")
     p.add_argument("--weights", default="default",
                    help="weight policy: default (int8 projections/lm_head/embedding with int8 compute, fp32 norms), "
                         "fp32, int8 (weight-only), w8a8, int4 (weight-only)")

@@ -90,13 +90,15 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
         weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
 
+    in_place = options.target == "cpu"  # standard ONNX cannot update an input in place
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
-                                options.decode_lanes, options.sampling_head_k)
+                                options.decode_lanes, options.sampling_head_k, in_place)
     for gs in signatures:
         onnx.save_model(G.build_graph(spec, family, gs, weights, rope, options.target, options.fusions),
                         str(folder / gs.file))
 
-    kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim, True)
+    kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim,
+                  in_place)
     graphs = [gs.to_json() for gs in signatures]
     golden = _golden(folder, source, spec, tok, profile, options, log)
     manifest = Manifest(

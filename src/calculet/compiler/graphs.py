@@ -25,7 +25,7 @@ from types import ModuleType
 import numpy as np
 from onnx import ModelProto
 
-from calculet.compiler import layers
+from calculet.compiler import attention_portable, layers
 from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.weights import WeightStore
 from calculet.models.base import ModelSpec, lm_head_name
@@ -72,7 +72,8 @@ class GraphSpec:
                          tuple(TensorSpec.from_json(t) for t in d["outputs"]))
 
 
-def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, context: int) -> GraphSpec:
+def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, context: int,
+                    in_place: bool = True) -> GraphSpec:
     kv_shape = (lanes, spec.num_kv_heads, context, spec.head_dim)
     inputs = [
         TensorSpec("input_ids", (lanes, tokens), "int64"),
@@ -85,7 +86,11 @@ def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: i
     for i in range(spec.num_layers):
         pk, pv, nk, nv = layers.kv_names(i)
         inputs += [TensorSpec(pk, kv_shape, "float32"), TensorSpec(pv, kv_shape, "float32")]
-        outputs += [TensorSpec(nk, kv_shape, "float32"), TensorSpec(nv, kv_shape, "float32")]
+        if in_place:
+            outputs += [TensorSpec(nk, kv_shape, "float32"), TensorSpec(nv, kv_shape, "float32")]
+    if not in_place:  # portable: this step's K/V come back for the runtime to write
+        new_shape = (spec.num_layers, lanes, spec.num_kv_heads, tokens, spec.head_dim)
+        outputs += [TensorSpec("new_keys", new_shape, "float32"), TensorSpec("new_values", new_shape, "float32")]
     return GraphSpec(name, kind, lanes, tokens, tuple(inputs), tuple(outputs))
 
 
@@ -98,10 +103,10 @@ def _head_signature(spec: ModelSpec, rows: int, topk: int) -> GraphSpec:
 
 
 def entry_points(spec: ModelSpec, lanes: int, context: int, prefill_chunks: tuple[int, ...],
-                 decode_lanes: tuple[int, ...] = (), topk: int = 0) -> list[GraphSpec]:
+                 decode_lanes: tuple[int, ...] = (), topk: int = 0, in_place: bool = True) -> list[GraphSpec]:
     decode_sizes = sorted(set(decode_lanes) | {lanes})
-    graphs = [_body_signature(spec, f"prefill_{s}", PREFILL, 1, s, context) for s in sorted(prefill_chunks)]
-    graphs += [_body_signature(spec, f"decode_{n}", DECODE, n, 1, context) for n in decode_sizes]
+    graphs = [_body_signature(spec, f"prefill_{s}", PREFILL, 1, s, context, in_place) for s in sorted(prefill_chunks)]
+    graphs += [_body_signature(spec, f"decode_{n}", DECODE, n, 1, context, in_place) for n in decode_sizes]
     graphs += [_head_signature(spec, n, topk) for n in sorted(set(decode_sizes) | {1})]
     return graphs
 
@@ -129,17 +134,22 @@ def build_graph(spec: ModelSpec, family: ModuleType, gs: GraphSpec, weights: Wei
     if gs.type == HEAD:
         outputs = _build_head(g, spec, gs)
     else:
-        outputs = {"hidden": _build_body(g, spec, family, gs, rope_tables)}
+        outputs = _build_body(g, spec, family, gs, rope_tables)
     for t in gs.outputs:
         g.output(outputs.get(t.name, t.name), t.name, np.dtype(t.dtype), t.shape)
     return g.build()
 
 
-def _build_body(g: GraphBuilder, spec: ModelSpec, family: ModuleType, gs: GraphSpec, rope_tables: dict) -> str:
+def _build_body(g: GraphBuilder, spec: ModelSpec, family: ModuleType, gs: GraphSpec, rope_tables: dict) -> dict:
+    portable = None
+    if g.target == "portable":
+        context = next(t.shape[2] for t in gs.inputs if t.name == "past_key.0")
+        portable = attention_portable.build_context(g, spec, gs.lanes, gs.tokens, context)
     ctx = layers.AttentionInputs(
         seqlens_k="seqlens_k",
         total_seq_len="total_seq_len",
         rope={k: (g.weight(c), g.weight(s)) for k, (c, s) in rope_tables.items()},
+        portable=portable,
     )
     stream = layers.Stream(family.embed(g, spec, "input_ids"))             # [L, S, H]
     for i in range(spec.num_layers):
@@ -148,7 +158,10 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, family: ModuleType, gs: GraphS
         gather = lambda v, n: g.op("Gather", [v, "last_index"], name=f"/model/last_token/{n}", axis=1)  # noqa: E731
         stream = layers.Stream(gather(stream.x, "GatherX"), gather(stream.pending, "GatherBranch"))  # [1, 1, H]
     x, _ = layers.add_norm(g, stream, "model.norm.weight", spec.rms_norm_eps, "/model/norm")
-    return g.op("Reshape", [x, g.const([gs.lanes, spec.hidden_size])], name="/model/flatten/Reshape")  # [L, H]
+    out = {"hidden": g.op("Reshape", [x, g.const([gs.lanes, spec.hidden_size])], name="/model/flatten/Reshape")}
+    if portable is not None:
+        out["new_keys"], out["new_values"] = attention_portable.stack_new_kv(g, portable)
+    return out
 
 
 def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, str]:

@@ -71,7 +71,9 @@ def embedding(g: GraphBuilder, weight: str, ids: str, scope: str) -> str:
 def linear(g: GraphBuilder, x: str, weight: str, scope: str, bias: str | None = None) -> str:
     """x [.., in] @ W [in, out] (+ b); quantized weights run as MatMulNBits on [out, in] codes."""
     q = g.weights.quant(weight)
-    if q is not None:
+    if q is not None and g.target == "portable":
+        y = _dequantized_matmul(g, x, weight, q, scope)
+    elif q is not None:
         y = g.op("MatMulNBits", [x, g.weight(f"{weight}.qcodes"), g.weight(f"{weight}.qscales")],
                  name=f"{scope}/MatMulNBits", domain=MS_DOMAIN, K=q.k, N=q.n, bits=q.bits,
                  block_size=q.block, accuracy_level=q.accuracy_level)
@@ -80,6 +82,22 @@ def linear(g: GraphBuilder, x: str, weight: str, scope: str, bias: str | None = 
     if bias is not None:
         y = g.op("Add", [y, g.weight(bias)], name=f"{scope}/BiasAdd")
     return y
+
+
+def _dequantized_matmul(g: GraphBuilder, x: str, weight: str, q, scope: str) -> str:
+    """Standard ONNX: blocked DequantizeLinear (opset 21) of the int8 codes, then Gemm with transB.
+    A QDQ-aware NPU compiler folds this pair into its own int8 matmul."""
+    if q.bits != 8:
+        raise ValueError("the portable target supports int8 weights only")
+    codes = g.op("Reshape", [g.weight(f"{weight}.qcodes"), g.const([q.n, q.k])], name=f"{scope}/Codes")
+    zero = g.const(np.full((q.n, q.k // q.block), 128, np.uint8), np.uint8)
+    w = g.op("DequantizeLinear", [codes, g.weight(f"{weight}.qscales"), zero], name=f"{scope}/DequantizeLinear",
+             axis=1, block_size=q.block)                                                     # [N, K]
+    flat = g.op("Reshape", [x, g.const([-1, q.k])], name=f"{scope}/Flatten")
+    y = g.op("Gemm", [flat, w], name=f"{scope}/Gemm", transB=1)
+    shape = g.op("Concat", [g.op("Shape", [x], name=f"{scope}/Shape", start=0, end=-1), g.const([q.n])],
+                 name=f"{scope}/OutShape", axis=0)
+    return g.op("Reshape", [y, shape], name=f"{scope}/Unflatten")
 
 
 def _split(g: GraphBuilder, x: str, sizes: list[int], scope: str) -> list[str]:
@@ -127,6 +145,7 @@ class AttentionInputs:
     seqlens_k: str          # int32 [L]: each lane's total length after this step, minus one
     total_seq_len: str      # int32 scalar: the longest lane's total length
     rope: dict              # layer type ("full"/"sliding") -> (cos name, sin name), each [C, D/2]
+    portable: object = None  # attention_portable.PortableContext on the portable target
 
 
 def kv_names(layer: int) -> tuple[str, str, str, str]:
@@ -143,6 +162,9 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, ctx: At
     past_k, past_v, present_k, present_v = kv_names(layer)
     layer_type = spec.layer_types[layer]
     cos, sin = ctx.rope[layer_type]
+    if ctx.portable is not None:
+        from calculet.compiler import attention_portable
+        return attention_portable.attention(g, spec, layer, q, k, v, (cos, sin), ctx.portable, scope)
     window = spec.sliding_window if layer_type == "sliding" else -1
     out = g.op(
         "GroupQueryAttention",

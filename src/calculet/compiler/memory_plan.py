@@ -40,7 +40,8 @@ def build_memory_plan(spec: ModelSpec, kv: KVLayout, weights_bytes: int, graphs:
     for i in range(kv.num_layers):
         for part in ("key", "value"):
             add(f"kv.{part}.{i}", "kv", kv.bytes_per_buffer)
-            aliases.append({"name": f"present_{part}.{i}", "alias_of": f"kv.{part}.{i}", "reason": "in-place KV update"})
+            if kv.in_place:
+                aliases.append({"name": f"present_{part}.{i}", "alias_of": f"kv.{part}.{i}", "reason": "in-place KV update"})
     workspace = 0
     for g in graphs:
         in_bytes = sum(_nbytes(t) for t in g["inputs"] if not t["name"].startswith("past_"))

@@ -64,11 +64,19 @@ class BodyBinding(_Bound):
             if not t.name.startswith("past_"):
                 self.inputs[t.name] = np.zeros(t.shape, dtype=t.dtype)
                 self._bind_in(t.name, self.inputs[t.name])
+        outputs = {t.name: t for t in graph.outputs}
+        self.in_place = "new_keys" not in outputs
         for layer in range(lanes.layout.num_layers):
             for part, buffers in (("key", lanes.keys), ("value", lanes.values)):
                 value = self._value(buffers[layer][rows])  # a view: shares memory with the lane buffer
                 self.io.bind_ortvalue_input(f"past_{part}.{layer}", value)
-                self.io.bind_ortvalue_output(f"present_{part}.{layer}", value)
+                if self.in_place:
+                    self.io.bind_ortvalue_output(f"present_{part}.{layer}", value)
+        self.new_kv: dict[str, np.ndarray] = {}
+        if not self.in_place:  # portable graphs hand back this step's K/V for the runtime to store
+            for name in ("new_keys", "new_values"):
+                self.new_kv[name] = np.zeros(outputs[name].shape, np.float32)
+                self._bind_out(name, self.new_kv[name])
         self._bind_out("hidden", head.hidden)
 
     def run(self) -> None:

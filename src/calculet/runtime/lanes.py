@@ -18,9 +18,11 @@ from calculet.errors import RequestError
 class Lanes:
     def __init__(self, kv: KVLayout):
         self.layout = kv
-        shape = kv.shape
-        self.keys = [np.zeros(shape, np.float32) for _ in range(kv.num_layers)]    # [B, Nkv, C, D] each
-        self.values = [np.zeros(shape, np.float32) for _ in range(kv.num_layers)]
+        # One array per K and V: [layers, B, Nkv, C, D]; per-layer views [B, Nkv, C, D] for the graphs.
+        self.all_keys = np.zeros((kv.num_layers, *kv.shape), np.float32)
+        self.all_values = np.zeros((kv.num_layers, *kv.shape), np.float32)
+        self.keys = list(self.all_keys)
+        self.values = list(self.all_values)
         self._in_use = [False] * kv.lanes
         self._length = [0] * kv.lanes
         self._lock = threading.Lock()
@@ -58,8 +60,8 @@ class Lanes:
         with self._lock:
             self._check(lane)
             self._length[lane] = 0
-        for buf in self.keys + self.values:
-            buf[lane].fill(0.0)
+        self.all_keys[:, lane].fill(0.0)
+        self.all_values[:, lane].fill(0.0)
 
     def length(self, lane: int) -> int:
         return self._length[lane]
@@ -72,6 +74,14 @@ class Lanes:
 
     def free_count(self) -> int:
         return self._in_use.count(False)
+
+    def write_new(self, rows: list[int], starts: list[int], counts: list[int], new_keys: np.ndarray,
+                  new_values: np.ndarray) -> None:
+        """Store a step's K/V ([layers, rows, Nkv, S, D], from a graph that cannot write in place):
+        row r's first counts[r] tokens go to positions starts[r].. of lane rows[r], all layers at once."""
+        for r, (lane, start, n) in enumerate(zip(rows, starts, counts)):
+            self.all_keys[:, lane, :, start:start + n] = new_keys[:, r, :, :n]
+            self.all_values[:, lane, :, start:start + n] = new_values[:, r, :, :n]
 
     def advance(self, lane: int, n: int) -> None:
         self._length[lane] += n
