@@ -26,17 +26,22 @@ def _source_key(source: str | None, options) -> str:
     path = Path(source if source is not None else default_model_path()).resolve()
     stat_of = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     fingerprint = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in stat_of]
-    blob = json.dumps({"v": __version__, "files": fingerprint, "options": repr(options)}, sort_keys=True)
+    blob = json.dumps({"v": __version__, "files": fingerprint, "options": options.cache_key()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def ensure_calbin(source: str | None, options, log=print) -> Path:
-    """A calbin path for `source`: itself when it already is one, else a cached compile of it."""
+    """A calbin path for `source`: itself when it already is one, else a cached compile of it.
+
+    Cached compiles skip golden/ (a reference run costs minutes); `calculet compile` writes it."""
     if is_calbin(source):
         return Path(source)
     from calculet.compiler.compile import compile_calbin
     from calculet.sources.resolve import load_source  # noqa: F401  (validates the path early)
 
+    from dataclasses import replace
+
+    options = replace(options, golden=False)
     name = Path(source).name if source else "default-gemma3-270m"
     target = cache_root() / f"{name}-{_source_key(source, options)}.calbin"
     if (target / MANIFEST).is_file():

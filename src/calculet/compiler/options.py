@@ -32,6 +32,15 @@ class CompileOptions:
     decode_lanes: tuple[int, ...] = (1,)     # extra decode batch sizes besides `lanes`
     fusions: frozenset[str] = frozenset(FUSIONS)
 
+    def cache_key(self) -> str:
+        """Stable across processes (a frozenset's repr order is not)."""
+        import json
+        from dataclasses import asdict
+
+        fields = asdict(self)
+        fields["fusions"] = sorted(self.fusions)
+        return json.dumps(fields, sort_keys=True, default=list)
+
     @property
     def sampling_head_k(self) -> int:
         return SAMPLING_HEAD_K if "sampling-head" in self.fusions else 0
