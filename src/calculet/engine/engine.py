@@ -260,23 +260,27 @@ class Engine:
         if "prefill" in results and not work.seq.finished:
             self.scheduler.prefill_done(work)
             if work.last and not work.seq.output_ids:  # a resumed sequence already has its next token
-                samples.append(self._sample_one(work.seq, results["prefill"].logits[0]))
+                samples.append(self._sample_one(work.seq, results["prefill"], 0))
         if "decode" in results:
-            for seq, row in zip(plan.decode, results["decode"].logits):
+            for r, seq in enumerate(plan.decode):
                 if not seq.finished:
-                    samples.append(self._sample_one(seq, row))
+                    samples.append(self._sample_one(seq, results["decode"], r))
         self.observer.sampled(time.perf_counter() - t0, len(samples))
         return samples
 
-    def _sample_one(self, seq: Sequence, logits: np.ndarray) -> Sample:
+    def _sample_one(self, seq: Sequence, result: JobResult, row: int) -> Sample:
         req = seq.state.request
+        logits = result.logits[row]
         masked = logits
+        candidates = None
         if len(seq.output_ids) < req.min_tokens:  # min_tokens: the sequence may not end yet
             banned = [t for t in (*self.tokenizer.eos_ids, *req.stop_token_ids) if 0 <= t < logits.size]
             if banned:
                 masked = logits.copy()
                 masked[banned] = -np.inf
-        token = seq.sampler.sample(masked)
+        elif result.topk_ids is not None:  # the on-graph sampling head's candidates, when they suffice
+            candidates = (result.topk_ids[row], result.topk_values[row])
+        token = seq.sampler.sample(masked, candidates)
         lp = token_logprob(logits, token, req.logprobs) if req.logprobs is not None else None
         return Sample(seq, token, lp)
 

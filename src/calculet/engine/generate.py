@@ -69,8 +69,9 @@ def generate(device, tokenizer, prompt_ids: list[int], params: SamplingParams, m
         prompt_logits = logits.copy()
         tokens, finish = [], "length"
         t_first = None
+        candidates = None
         while True:
-            token = sampler.sample(logits)
+            token = sampler.sample(logits, candidates)
             tokens.append(token)
             if t_first is None:
                 t_first = time.perf_counter()
@@ -83,7 +84,9 @@ def generate(device, tokenizer, prompt_ids: list[int], params: SamplingParams, m
                     on_text(delta)
             if len(tokens) >= max_tokens:
                 break
-            logits = device.run(DecodeJob((lane,), (token,)), WAIT_TIMEOUT_S).logits[0]
+            result = device.run(DecodeJob((lane,), (token,)), WAIT_TIMEOUT_S)
+            logits = result.logits[0]
+            candidates = (result.topk_ids[0], result.topk_values[0]) if result.topk_ids is not None else None
         if on_text is not None:
             rest = detok.flush()
             if rest:

@@ -76,14 +76,24 @@ class SequenceSampler:
             logits[ids] -= p.frequency_penalty * counts + p.presence_penalty
         return logits
 
-    def sample(self, logits: np.ndarray) -> int:
-        """logits: float32 [vocab] -> the next token id."""
+    def uses_candidates(self, k: int) -> bool:
+        """Whether K sorted candidates from the sampling head give exactly the full-vocabulary result:
+        greedy, or top-k sampling with top_k <= K; penalties need the whole row."""
         p = self.params
-        logits = self._penalized(logits)
-        if p.greedy:
-            token = int(np.argmax(logits))
+        if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+            return False
+        return p.greedy or 0 < p.top_k <= k
+
+    def sample(self, logits: np.ndarray, candidates: tuple[np.ndarray, np.ndarray] | None = None) -> int:
+        """logits: float32 [vocab] -> the next token id. `candidates` = (ids, values) of the row's
+        top K, best first (the on-graph sampling head), used when they are enough."""
+        p = self.params
+        if candidates is not None and self.uses_candidates(len(candidates[0])):
+            ids, values = candidates
+            token = int(ids[0]) if p.greedy else int(ids[self._draw(values[: p.top_k])])
         else:
-            token = self._draw(logits)
+            logits = self._penalized(logits)
+            token = int(np.argmax(logits)) if p.greedy else self._draw(logits)
         self._output[token] += 1
         return token
 
