@@ -26,7 +26,7 @@ class GraphBuilder:
         self._outputs = []
         self._initializers = {}
         self._consts = {}
-        self._count = 0
+        self._renames: dict[str, str] = {}
 
     # --- graph interface -------------------------------------------------------------------
     def input(self, name: str, dtype, shape) -> str:
@@ -34,8 +34,12 @@ class GraphBuilder:
         return name
 
     def output(self, value: str, name: str, dtype, shape) -> None:
+        """Expose `value` as graph output `name`: the producing tensor is renamed, not copied by an Identity."""
         if value != name:
-            self.op("Identity", [value], name=f"/outputs/{name}", outputs=[name])
+            if value in self._renames.values() or any(i.name == value for i in self._inputs):
+                self.op("Identity", [value], name=f"/outputs/{name}", outputs=[name])  # already an output / an input
+            else:
+                self._renames[value] = name
         self._outputs.append(make_value_info(name, dtype, shape))
 
     def weight(self, name: str) -> str:
@@ -61,6 +65,11 @@ class GraphBuilder:
         return outputs[0] if len(outputs) == 1 else outputs
 
     def build(self) -> ModelProto:
+        for node in self._nodes:
+            for field in (node.input, node.output):
+                for i, tensor in enumerate(field):
+                    if tensor in self._renames:
+                        field[i] = self._renames[tensor]
         graph = helper.make_graph(
             self._nodes, self.name, self._inputs, self._outputs,
             initializer=list(self._consts.values()) + list(self._initializers.values()),
