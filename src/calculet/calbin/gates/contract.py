@@ -21,7 +21,8 @@ CONTEXT = Rule("C.context", "context agrees: profile, KV layout and every KV ten
 CONTEXT_TRAINED = Rule("C.context_trained", "the context does not exceed the model's max_position_embeddings", Severity.WARNING)
 PREFILL_CHUNKS = Rule("C.prefill_chunks", "prefill graphs cover exactly the profile's chunk sizes, prefill_<S> taking S tokens")
 GRAPH_TYPE = Rule("C.graph_type", "each graph's type agrees with its shapes; prefill and decode graphs present")
-KV_SHAPE = Rule("C.kv_shape", "KV layout agrees with the model: layers, kv heads, head_dim; past_*/present_* pairs per layer")
+KV_SHAPE = Rule("C.kv_shape", "KV layout agrees with the model: layers, kv heads, head_dim; past_* per layer, and present_* "
+                               "per layer (in place) or new_keys/new_values")
 HIDDEN = Rule("C.hidden", "split layout: bodies emit hidden [rows, hidden_size], and a head graph takes each body's rows")
 DTYPE = Rule("C.dtype", "dtypes agree: KV tensors use the KV dtype; ids int64, seqlens int32, hidden/logits float32")
 RULES = (GRAPH_IO, LANES, CONTEXT, CONTEXT_TRAINED, PREFILL_CHUNKS, GRAPH_TYPE, KV_SHAPE, HIDDEN, DTYPE) + contract_vocab.RULES
@@ -29,6 +30,7 @@ RULES = (GRAPH_IO, LANES, CONTEXT, CONTEXT_TRAINED, PREFILL_CHUNKS, GRAPH_TYPE, 
 FIXED_DTYPES = {"input_ids": "int64", "seqlens_k": "int32", "total_seq_len": "int32", "last_index": "int64",
                 "hidden": "float32", "logits": "float32", "topk_values": "float32", "topk_ids": "int64"}
 KV_PREFIXES = ("past_key.", "past_value.", "present_key.", "present_value.")
+NEW_KV = ("new_keys", "new_values")  # when kv.in_place is false: this step's K/V, written by the runtime
 MAX_LAYERS = 4096  # above this a manifest is not describing a real model; stop before building huge name sets
 
 
@@ -230,7 +232,7 @@ def _kv_problems(ctx: GateContext, graphs: list[dict]) -> list[str]:
         name = g.get("name")
         ins, outs = _tensors(g, "inputs"), _tensors(g, "outputs")
         want_in = {f"past_{p}.{i}" for p in ("key", "value") for i in range(layers)}
-        want_out = {f"present_{p}.{i}" for p in ("key", "value") for i in range(layers)}
+        want_out = {f"present_{p}.{i}" for p in ("key", "value") for i in range(layers)} if kv.in_place else set()
         have_in = {n for n in ins if n.startswith(KV_PREFIXES)}
         have_out = {n for n in outs if n.startswith(KV_PREFIXES)}
         for missing in sorted(want_in - have_in) + sorted(want_out - have_out):
@@ -244,12 +246,27 @@ def _kv_problems(ctx: GateContext, graphs: list[dict]) -> list[str]:
             elif (shape[1], shape[3]) != (kv.kv_heads, kv.head_dim):
                 problems.append(f"graph {name!r}: {t['name']} {shape} has {shape[1]} heads x {shape[3]} head_dim, "
                                 f"the KV layout says {kv.kv_heads} x {kv.head_dim}")
-        if kv.in_place:
+        if not kv.in_place:
+            problems += _new_kv_problems(g, outs, kv, layers)
+        else:
             for out in sorted(have_out & want_out):
                 past = ins.get(out.replace("present_", "past_", 1))
                 if past is not None and (past.get("shape"), past.get("dtype")) != (outs[out].get("shape"), outs[out].get("dtype")):
                     problems.append(f"graph {name!r}: {out} cannot update its past buffer in place: "
                                     f"{outs[out].get('shape')} {outs[out].get('dtype')} vs {past.get('shape')} {past.get('dtype')}")
+    return problems
+
+
+def _new_kv_problems(g: dict, outs: dict, kv, layers: int) -> list[str]:
+    """Not in place (portable): this step's K and V come back whole, [layers, lanes, kv_heads, tokens, head_dim]."""
+    want = [layers, g.get("lanes"), kv.kv_heads, g.get("tokens"), kv.head_dim]
+    problems = []
+    for name in NEW_KV:
+        t = outs.get(name)
+        if t is None:
+            problems.append(f"graph {g.get('name')!r} lacks the {name!r} output (KV is not updated in place)")
+        elif t.get("shape") != want:
+            problems.append(f"graph {g.get('name')!r}: {name} {t.get('shape')}, expected {want} (layers, lanes, kv_heads, tokens, head_dim)")
     return problems
 
 
@@ -280,7 +297,7 @@ def _dtype_problems(m, graphs: list[dict]) -> list[str]:
         for io in ("inputs", "outputs"):
             for t in g.get(io, []):
                 name = t.get("name", "")
-                want = m.kv.dtype if name.startswith(KV_PREFIXES) else FIXED_DTYPES.get(name)
+                want = m.kv.dtype if name.startswith(KV_PREFIXES) or name in NEW_KV else FIXED_DTYPES.get(name)
                 if want is not None and t.get("dtype") != want:
                     problems.append(f"graph {g.get('name')!r}: {name} is {t.get('dtype')}, expected {want}")
     return problems

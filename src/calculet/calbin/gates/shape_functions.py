@@ -13,6 +13,7 @@ ops (the body is never run; ONNX Runtime uses its own kernels):
 
 An op is given a function only when every node using it fits the pattern (e.g. not attention with
 packed QKV, whose output is not the query's shape); otherwise its outputs simply stay unknown.
+Outputs no node reads (a norm's mean and inv_std_var) get a placeholder of any shape.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from onnx import AttributeProto, FunctionProto, ModelProto, NodeProto, helper
 # (input, output) pairs where the output has the input's shape and type.
 PASS_THROUGH = {
     "SimplifiedLayerNormalization": ((0, 0),),
-    "SkipSimplifiedLayerNormalization": ((0, 0),),
+    "SkipSimplifiedLayerNormalization": ((0, 0), (0, 3)),   # output, input + skip (outputs 1, 2: mean, inv_std_var)
+    "SkipLayerNormalization": ((0, 0), (0, 3)),
     "RotaryEmbedding": ((0, 0),),
     "GroupQueryAttention": ((0, 0), (3, 1), (4, 2)),   # output = query; present_key/value = past_key/value
 }
@@ -41,17 +43,23 @@ def _ref(name: str, attr: str) -> AttributeProto:
     return a
 
 
-def _pass_through(op: str, nodes: list[NodeProto]) -> list[NodeProto] | None:
-    rule = PASS_THROUGH[op]
-    n_in, n_out = max(len(n.input) for n in nodes), max(len(n.output) for n in nodes)
-    if any(i < len(n.input) and not n.input[i] for n in nodes for i, _ in rule):
+def _pass_through(op: str, nodes: list[NodeProto], used: set[str]) -> list[NodeProto] | None:
+    source = {o: i for i, o in PASS_THROUGH[op]}
+    n_out = max(len(n.output) for n in nodes)
+    if any(i < len(n.input) and not n.input[i] for n in nodes for i in source.values()):
         return None  # e.g. packed QKV attention: the output is not the query's shape
-    if not set(range(n_out)) <= {o for _, o in rule}:
-        return None
-    return [helper.make_node("Identity", [f"in{i}"], [f"out{o}"]) for i, o in rule if i < n_in and o < n_out]
+    body = []
+    for o in range(n_out):
+        if o in source:
+            body.append(helper.make_node("Identity", [f"in{source[o]}"], [f"out{o}"]))
+        elif all(o >= len(n.output) or n.output[o] not in used for n in nodes):
+            body.append(helper.make_node("Identity", ["in0"], [f"out{o}"]))  # an output no node uses: any shape will do
+        else:
+            return None
+    return body
 
 
-def _matmul_nbits(nodes: list[NodeProto]) -> list[NodeProto] | None:
+def _matmul_nbits(nodes: list[NodeProto], used: set[str]) -> list[NodeProto] | None:
     if any(len(n.output) != 1 for n in nodes):
         return None
     k = helper.make_node("Constant", [], ["k"])
@@ -68,7 +76,7 @@ def _matmul_nbits(nodes: list[NodeProto]) -> list[NodeProto] | None:
             helper.make_node("MatMul", ["in0", "w_typed"], ["out0"])]
 
 
-def _gather_block_quantized(nodes: list[NodeProto]) -> list[NodeProto] | None:
+def _gather_block_quantized(nodes: list[NodeProto], used: set[str]) -> list[NodeProto] | None:
     bits = {_attr(n, "bits", 4) for n in nodes}
     if len(bits) != 1 or any(_attr(n, "gather_axis", 0) != 0 or _attr(n, "quantize_axis", 1) != 1 or len(n.output) != 1
                              for n in nodes):
@@ -82,7 +90,7 @@ def _gather_block_quantized(nodes: list[NodeProto]) -> list[NodeProto] | None:
     return None
 
 
-BODIES = {op: (lambda nodes, op=op: _pass_through(op, nodes)) for op in PASS_THROUGH}
+BODIES = {op: (lambda nodes, used, op=op: _pass_through(op, nodes, used)) for op in PASS_THROUGH}
 BODIES["MatMulNBits"] = _matmul_nbits
 BODIES["GatherBlockQuantized"] = _gather_block_quantized
 
@@ -94,9 +102,10 @@ def shape_functions(model: ModelProto, standard_domains: tuple[str, ...]) -> lis
         if node.domain not in standard_domains and node.op_type in BODIES:
             uses.setdefault((node.domain, node.op_type), []).append(node)
     opset = next((o.version for o in model.opset_import if o.domain in standard_domains), 21)
+    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
     functions = []
     for (domain, op), nodes in uses.items():
-        body = BODIES[op](nodes)
+        body = BODIES[op](nodes, used)
         if body is None:
             continue
         n_in, n_out = max(len(n.input) for n in nodes), max(len(n.output) for n in nodes)
