@@ -55,6 +55,18 @@ def test_gemma3_golden_calbin_passes_gate_f(tiny_calbin):
     assert report.check("F.greedy").evidence["threshold"] == read_golden(folder).thresholds.greedy_agreement
 
 
+def test_portable_target_calbin_passes_with_standard_ops_only(tiny_model_dir, tmp_path):
+    """The portable target's graphs must hold standard ONNX ops only, and the checker must see all of them."""
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions
+
+    options = CompileOptions(lanes=2, context=32, prefill_chunks=(4,), target="portable", weights="int8", golden=False)
+    folder = compile_calbin(str(tiny_model_dir("llama")), tmp_path / "portable.calbin", options, log=lambda _m: None)
+    report = validate_calbin(folder, ValidationOptions(full_hash=True, numerics=False))
+    assert report.status is Overall.PASS, [(c.id, c.message) for c in report.failed() + report.warnings()]
+    assert report.check("E.portable_ops").evidence["nonstandard_ops"] == []
+
+
 def test_fast_mode_skips_gate_f_and_the_hash(llama):
     report = validate_calbin(llama, ValidationOptions.fast())
     assert report.check("A.sha256").status is Status.SKIP
