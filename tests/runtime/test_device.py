@@ -165,3 +165,19 @@ def test_sampling_head_returns_the_top_k_of_the_logits(device):
     assert set(r.topk_ids[0].tolist()) == set(order.tolist())
     assert np.allclose(r.topk_values[0], r.logits[0][r.topk_ids[0]])
     assert r.topk_ids[0, 0] == int(np.argmax(r.logits[0]))
+
+
+def test_inner_prefill_chunk_skips_the_head(device):
+    """A prompt's inner chunks only fill the KV: no logits, and the final logits are unchanged."""
+    prompt = tuple(range(20, 40))
+    a, b = device.lanes.allocate(), device.lanes.allocate()
+    try:
+        inner = device.run(PrefillJob(a, prompt[:16], want_logits=False), 10)
+        assert inner.logits is None and device.lanes.length(a) == 16
+        split = device.run(PrefillJob(a, prompt[16:]), 10).logits
+        device.run(PrefillJob(b, prompt[:16]), 10)
+        whole = device.run(PrefillJob(b, prompt[16:]), 10).logits
+        assert np.array_equal(split, whole)
+    finally:
+        device.lanes.free(a)
+        device.lanes.free(b)

@@ -223,7 +223,8 @@ class Engine:
     def _run(self, plan: StepPlan) -> dict[str, JobResult] | None:
         jobs = []
         if plan.prefill is not None:
-            jobs.append(("prefill", PrefillJob(plan.prefill.seq.lane, plan.prefill.tokens), [plan.prefill.seq]))
+            work = plan.prefill  # only a prompt's last chunk needs logits: inner chunks skip the lm_head
+            jobs.append(("prefill", PrefillJob(work.seq.lane, work.tokens, want_logits=work.last), [work.seq]))
         if plan.decode:
             jobs.append(("decode", DecodeJob(tuple(s.lane for s in plan.decode), tuple(s.output_ids[-1] for s in plan.decode)),
                          list(plan.decode)))

@@ -47,8 +47,10 @@ def prefill(device, lane: int, prompt_ids: list[int], start: int = 0):
     """Run the prompt through prefill chunks; returns the last chunk's logits row [vocab]."""
     program = device.program
     pos, result = start, None
-    for n in plan_chunks(len(prompt_ids) - start, start, program.chunk_sizes, device.lanes.context):
-        result = device.run(PrefillJob(lane, tuple(prompt_ids[pos:pos + n])), WAIT_TIMEOUT_S)
+    pieces = plan_chunks(len(prompt_ids) - start, start, program.chunk_sizes, device.lanes.context)
+    for i, n in enumerate(pieces):
+        last = i == len(pieces) - 1
+        result = device.run(PrefillJob(lane, tuple(prompt_ids[pos:pos + n]), want_logits=last), WAIT_TIMEOUT_S)
         pos += n
     return result.logits[0]
 

@@ -79,6 +79,7 @@ class BodyBinding(_Bound):
                 self._bind_out(name, self.new_kv[name])
         self._bind_out("hidden", head.hidden)
 
-    def run(self) -> None:
+    def run(self, head: bool = True) -> None:
         super().run()
-        self.head.run()
+        if head:
+            self.head.run()

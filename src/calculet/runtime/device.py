@@ -149,12 +149,14 @@ class Device:
         b.inputs["total_seq_len"][...] = start + size
         b.inputs["last_index"][0] = n - 1
         t1 = time.perf_counter()
-        b.run()
-        t2 = time.perf_counter()
+        b.run(head=job.want_logits)
         if not b.in_place:
             lanes.write_new([job.lane], [start], [n], b.new_kv["new_keys"], b.new_kv["new_values"])
         t2 = time.perf_counter()
-        result = self._fetch(b.head, [0], queued, t1 - t0, t2 - t1, t2, f"prefill_{size}", size)
+        if job.want_logits:
+            result = self._fetch(b.head, [0], queued, t1 - t0, t2 - t1, t2, f"prefill_{size}", size)
+        else:
+            result = JobResult(None, PhaseTimings(queued, t1 - t0, t2 - t1, 0.0, f"prefill_{size}", size))
         lanes.advance(job.lane, n)
         return result
 
@@ -177,7 +179,6 @@ class Device:
         b.inputs["total_seq_len"][...] = int(seqlens.max()) + 1
         t1 = time.perf_counter()
         b.run()
-        t2 = time.perf_counter()
         if not b.in_place:
             lanes.write_new(rows, [lanes.length(lane) for lane in rows], [1] * len(rows),
                             b.new_kv["new_keys"][:, rows], b.new_kv["new_values"][:, rows])

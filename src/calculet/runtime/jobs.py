@@ -18,6 +18,7 @@ from calculet.errors import CalculetError
 class PrefillJob:
     lane: int
     tokens: tuple[int, ...]     # appended at the lane's current length
+    want_logits: bool = True    # False for a prompt's inner chunks: only the KV matters, the head is skipped
     kind: str = "prefill"
 
     def __post_init__(self):
@@ -51,7 +52,7 @@ class PhaseTimings:
 
 @dataclass(frozen=True)
 class JobResult:
-    logits: np.ndarray         # [len(job lanes), vocab] float32, rows in the job's lane order
+    logits: np.ndarray | None  # [len(job lanes), vocab] float32, rows in the job's lane order (None: not asked for)
     timings: PhaseTimings
     topk_ids: np.ndarray | None = None     # [rows, K] int64 from the on-graph sampling head, best first
     topk_values: np.ndarray | None = None  # [rows, K] float32 logits of those ids
