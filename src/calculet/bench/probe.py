@@ -43,7 +43,7 @@ def probe_server(base_url: str, model: str, headers: dict[str, str], timeout_s: 
         context, source = None, None
         if response.status_code == 200:
             data = response.json().get("data", [])
-            raw["models"] = data[:8]
+            raw["models_listing"] = data[:8]
             models = [str(m.get("id")) for m in data if isinstance(m, dict)]
             for entry in data:
                 if isinstance(entry, dict) and entry.get("id") == model:
