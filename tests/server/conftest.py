@@ -7,98 +7,11 @@ Each test module starts its server once (module-scoped fixtures) and talks to it
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, calbin, log_path: Path, *args: str, env: dict | None = None, api_key: str | None = None):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.api_key = api_key
-        self.log_path = log_path
-        cmd = [sys.executable, "-m", "calculet", "serve", str(calbin), "--port", str(self.port), *args]
-        if api_key:
-            cmd += ["--api-key", api_key]
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-
-    def wait_ready(self, timeout: float) -> "Server":
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server not healthy after {timeout} s:\n{self.log()}")
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text()
-
-    def headers(self) -> dict:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    def client(self, **kw):
-        import openai
-
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "none", max_retries=0, timeout=120, **kw)
-
-    def async_client(self, **kw):
-        import openai
-
-        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=self.api_key or "none", max_retries=0, timeout=120, **kw)
-
-    def get(self, path: str, **kw) -> httpx.Response:
-        return httpx.get(self.url + path, headers=self.headers(), timeout=30, **kw)
-
-    def post(self, path: str, body, **kw) -> httpx.Response:
-        return httpx.post(self.url + path, json=body, headers=self.headers(), timeout=120, **kw)
-
-    def metrics(self) -> dict[str, float]:
-        """Samples of /metrics as {'name{labels}': value}."""
-        out = {}
-        for line in self.get("/metrics").text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
-
-    def wait_idle(self, timeout: float = 5.0) -> dict[str, float]:
-        """Metrics once no request runs or waits and no lane is in use (or the last ones seen)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            m = self.metrics()
-            idle = m["calculet_lanes_in_use"] == 0 and m["calculet_requests_running"] == 0 and m["calculet_requests_waiting"] == 0
-            if idle or time.monotonic() > deadline:
-                return m
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+from serving import Server, free_port  # noqa: F401  (re-exported for the server tests)
 
 
 @pytest.fixture(scope="module")
