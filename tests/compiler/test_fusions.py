@@ -60,15 +60,31 @@ def test_each_fusion_off_gives_the_same_tokens(arch, tiny_model_dir, tmp_path):
         if fusion in SIGNATURE:
             on, off = _ops(full, "decode_2"), _ops(without, "decode_2")
             assert on[SIGNATURE[fusion]] > off[SIGNATURE[fusion]], f"{fusion} left no trace in the graph"
-        else:  # sampling-head
+        elif fusion == "sampling-head":
             assert _ops(full, "head_1")["TopK"] == 1 and _ops(without, "head_1")["TopK"] == 0
+        else:  # coarse-head needs an int8 lm_head: nothing to do on fp32 weights
+            assert _ops(full, "head_1") == _ops(without, "head_1")
 
 
 def test_packing_keeps_quantized_codes_identical(tiny_model_dir, tmp_path):
     """Row-wise block quantization: packed q/k/v and gate/up codes equal the separately quantized ones."""
-    packed = _compile(tiny_model_dir("llama"), tmp_path, FUSIONS, weights="w8a8")
+    packed = _compile(tiny_model_dir("llama"), tmp_path, set(FUSIONS) - {"coarse-head"}, weights="w8a8")
     plain = _compile(tiny_model_dir("llama"), tmp_path, {"sampling-head"}, weights="w8a8")
     prompt = np.random.default_rng(6).integers(3, 300, size=9).tolist()
     a_tokens, a_logits = _greedy(packed, prompt)
     b_tokens, b_logits = _greedy(plain, prompt)
     assert a_tokens == b_tokens and np.abs(a_logits - b_logits).max() < 1e-3
+
+
+def test_coarse_head_rescoring_equals_the_int8_head(tiny_model_dir, tmp_path):
+    """int4 candidates rescored from the int8 rows give the int8 head's tokens and top-K values."""
+    on = _compile(tiny_model_dir("qwen3"), tmp_path, FUSIONS, weights="int8")
+    off = _compile(tiny_model_dir("qwen3"), tmp_path, set(FUSIONS) - {"coarse-head"}, weights="int8")
+    ops = _ops(on, "head_1")
+    assert ops["GatherBlockQuantized"] == 1 and ops["ScatterElements"] == 1 and ops["MatMulNBits"] == 1
+    prompt = np.random.default_rng(8).integers(3, 300, size=13).tolist()
+    a_tokens, a_logits = _greedy(on, prompt)
+    b_tokens, b_logits = _greedy(off, prompt)
+    assert a_tokens == b_tokens
+    top = np.argsort(-b_logits)[:10]
+    assert np.abs(a_logits[top] - b_logits[top]).max() < 1e-4  # exact where it matters

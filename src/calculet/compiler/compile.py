@@ -154,7 +154,7 @@ def golden_thresholds(policy: str):
 
     if policy == "fp32":
         return Thresholds()
-    if policy == "int4":  # 16 levels per block: a lossy policy by design, with looser bounds
+    if policy in ("int4", "w4a8"):  # 16 levels per block: lossy by design, with looser bounds
         return Thresholds(greedy_agreement=0.0, topk_overlap=0.6, logits_cosine=0.98, forced_agreement=0.7,
                           max_abs_logit_error=2.0, topk_tie_margin=0.05)
     return Thresholds(greedy_agreement=0.0, topk_overlap=0.9, logits_cosine=0.99, forced_agreement=QUANT_FORCED_AGREEMENT,

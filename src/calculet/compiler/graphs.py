@@ -166,14 +166,43 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, family: ModuleType, gs: GraphS
 
 def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, str]:
     head = lm_head_name(spec, g.weights)
+    topk = next((t.shape[1] for t in gs.outputs if t.name == "topk_ids"), 0)
+    if topk and g.weights.quant("lm_head.coarse") is not None and g.target == "cpu":
+        return _build_coarse_head(g, head, topk)
     if g.weights.quant(head) is not None:
         logits = layers.linear(g, "hidden", head, "/lm_head")                                  # [R, V]
     else:
         logits = g.op("Gemm", ["hidden", g.weight(head)], name="/lm_head/Gemm", transB=1)      # [R, V]
     out = {"logits": logits}
-    topk = next((t.shape[1] for t in gs.outputs if t.name == "topk_ids"), 0)
     if topk:  # sampling head: the host fetches K candidates per row instead of the whole vocabulary
         values, ids = g.op("TopK", [logits, g.const([topk])], name="/sampling_head/TopK", n_out=2, axis=-1,
                            largest=1, sorted=1)
         out.update(topk_values=values, topk_ids=ids)
     return out
+
+
+def _build_coarse_head(g: GraphBuilder, head: str, topk: int) -> dict[str, str]:
+    """Coarse-then-exact lm_head (the "coarse-head" pass):
+
+        coarse = hidden . W4^T                      [R, V]   int4 copy of the head, half the bytes
+        cand   = TopK(coarse, K)                    [R, K]
+        rows   = GatherBlockQuantized(W8, cand)     [R, K, H] exact int8 rows, dequantized
+        exact  = rows . hidden                      [R, K]
+        logits = coarse with exact written at cand  [R, V]   exact on the candidates
+        topk_values/ids = exact sorted              [R, K]
+    """
+    q = g.weights.quant(head)
+    coarse = layers.linear(g, "hidden", "lm_head.coarse", "/lm_head/coarse")                      # [R, V]
+    _, cand = g.op("TopK", [coarse, g.const([topk])], name="/lm_head/candidates/TopK", n_out=2, axis=-1,
+                   largest=1, sorted=1)                                                          # [R, K]
+    rows = g.op("GatherBlockQuantized", [g.weight(f"{head}.gather_codes"), cand, g.weight(f"{head}.qscales")],
+                name="/lm_head/rescore/GatherBlockQuantized", domain="com.microsoft", bits=q.bits,
+                block_size=q.block, gather_axis=0, quantize_axis=1)                             # [R, K, H]
+    h = g.op("Unsqueeze", ["hidden", g.const([2])], name="/lm_head/rescore/Hidden")              # [R, H, 1]
+    exact = g.op("Squeeze", [g.op("MatMul", [rows, h], name="/lm_head/rescore/MatMul"), g.const([2])],
+                 name="/lm_head/rescore/Squeeze")                                                # [R, K]
+    logits = g.op("ScatterElements", [coarse, cand, exact], name="/lm_head/rescore/Scatter", axis=1)
+    values, order = g.op("TopK", [exact, g.const([topk])], name="/sampling_head/TopK", n_out=2, axis=-1,
+                         largest=1, sorted=1)
+    ids = g.op("GatherElements", [cand, order], name="/sampling_head/Ids", axis=1)
+    return {"logits": logits, "topk_values": values, "topk_ids": ids}

@@ -14,8 +14,10 @@ PORTABLE_POLICIES = ("fp32", "int8")
 #   skip-norm      residual Add + RMSNorm -> SkipSimplifiedLayerNormalization
 #   qkv            q/k/v projections packed into one weight: one MatMul + Split
 #   gate-up        MLP gate and up projections packed: one MatMul + Split
+#   coarse-head    an int8 lm_head gets an int4 copy that picks K candidates, rescored exactly from
+#                  the int8 rows (needs sampling-head; halves the bytes a decode step reads for the head)
 # Attention is always the fused GroupQueryAttention with in-place KV (the runtime's contract).
-FUSIONS = ("sampling-head", "skip-norm", "qkv", "gate-up")
+FUSIONS = ("sampling-head", "skip-norm", "qkv", "gate-up", "coarse-head")
 SAMPLING_HEAD_K = 64
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from calculet.compiler.weights import QuantInfo
 from calculet.errors import RequestError
 
 MODULE_CLASSES = ("embedding", "attention", "mlp", "lm_head", "norm", "other")
@@ -53,11 +54,13 @@ def policy_table(name: str, block: int = 32) -> dict[str, QuantFormat]:
     if block not in (16, 32, 64, 128, 256):
         raise RequestError("bad_option", f"--block-size {block} is not supported; allowed: 16, 32, 64, 128, 256")
     w8a8 = _fmt("int8", block, "int8")
+    w4a8 = _fmt("int4", block, "int8")
     tables = {
         "fp32": {},
         "int8": {"attention": _fmt("int8", block, "fp32"), "mlp": _fmt("int8", block, "fp32"), "lm_head": _fmt("int8", block, "fp32")},
         "w8a8": {"attention": w8a8, "mlp": w8a8, "lm_head": w8a8, "embedding": w8a8},
         "int4": {"attention": _fmt("int4", block, "fp32"), "mlp": _fmt("int4", block, "fp32"), "lm_head": _fmt("int8", block, "int8")},
+        "w4a8": {"attention": w4a8, "mlp": w4a8, "lm_head": w4a8, "embedding": w4a8},
         # Default: embeddings share the lm_head's int8 codes; projections int8 with int8 compute; norms fp32.
         "default": {"attention": w8a8, "mlp": w8a8, "lm_head": w8a8, "embedding": w8a8},
     }
@@ -66,7 +69,7 @@ def policy_table(name: str, block: int = 32) -> dict[str, QuantFormat]:
     return tables[name]
 
 
-WEIGHT_POLICIES = ("default", "fp32", "int8", "w8a8", "int4")
+WEIGHT_POLICIES = ("default", "fp32", "int8", "w8a8", "int4", "w4a8")
 
 
 def format_label(record: dict) -> str:
@@ -203,8 +206,6 @@ def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, p
     Linear weights arrive as [in, out] (MatMul layout) and are quantized as [out, in] rows. With tied
     embeddings and a quantized embedding, one set of int8 codes serves both the lookup and the lm_head.
     """
-    from calculet.compiler.weights import QuantInfo
-
     record: dict[str, dict] = {}
 
     def put_quantized(name: str, w_nk: np.ndarray, fmt: QuantFormat) -> None:
@@ -240,4 +241,31 @@ def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, p
             record[name] = {**FP32.to_json(), "module": cls}
         if progress is not None:
             progress.update(1)
+    if "coarse-head" in fusions:
+        _add_coarse_head(spec, store, record, table)
     return record
+
+
+COARSE = QuantFormat("int4", 32, "int8")
+
+
+def _add_coarse_head(spec, store, record: dict, table: dict) -> None:
+    """The "coarse-head" pass: an int4 copy of an int8 lm_head picks K candidates per row, and the
+    candidates are rescored exactly from the int8 codes (GatherBlockQuantized rows . hidden). The
+    int4 matrix is half the bytes a decode step must read; the answer for greedy and top-k <= K is
+    the int8 head's whenever its top tokens are among the K candidates."""
+    from calculet.models.base import lm_head_name
+
+    head = lm_head_name(spec, store)
+    info = store.quant(head)
+    if info is None or info.bits != 8:
+        return  # only an int8 head has exact codes to rescore from
+    if f"{head}.gather_codes" not in store:
+        store.add_alias(f"{head}.gather_codes", f"{head}.qcodes", (info.n, info.k))
+    codes, scales = store.array(f"{head}.qcodes"), store.array(f"{head}.qscales")
+    w = ((codes.astype(np.float32) - 128.0) * scales[:, :, None]).reshape(info.n, info.k)  # the int8 head, exactly
+    put = quantize(w, COARSE)
+    store.add_quantized("lm_head.coarse", QuantInfo(4, COARSE.block, info.n, info.k, COARSE.accuracy_level),
+                        put.codes, put.scales)
+    record["lm_head.coarse"] = {**COARSE.to_json(), "module": "lm_head", "exact_blocks": round(put.exact_fraction, 4),
+                                "max_abs_error": put.max_abs_error, "role": "candidate selection; rescored from " + head}
