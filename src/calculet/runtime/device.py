@@ -54,7 +54,22 @@ class Device:
         if self._worker is None:
             self._worker = threading.Thread(target=self._loop, name="calculet-device", daemon=True)
             self._worker.start()
+        self._warm_up()
         self.healthy = True
+
+    def _warm_up(self) -> None:
+        """Run every graph once, on this thread before any job exists, so the first request does not
+        pay for first-run allocations. Bypasses fault injection; leaves every lane free and empty."""
+        lanes, program = self.lanes, self.program
+        taken = [lanes.allocate() for _ in range(lanes.count)]
+        try:
+            for g in program.prefill_graphs:
+                self._prefill(PrefillJob(taken[0], (0,) * g.tokens), 0.0)
+                lanes.clear(taken[0])
+            for g in program.decode_graphs:
+                self._decode(tuple(taken[: g.lanes]), (0,) * g.lanes, 0.0)
+        finally:
+            lanes.reset_all()
 
     def reset(self) -> None:
         """After a device error: rebuild sessions and bindings, forget every lane."""
