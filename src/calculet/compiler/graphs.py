@@ -168,7 +168,7 @@ def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, st
     head = lm_head_name(spec, g.weights)
     topk = next((t.shape[1] for t in gs.outputs if t.name == "topk_ids"), 0)
     if topk and g.weights.quant("lm_head.coarse") is not None and g.target == "cpu":
-        return _build_coarse_head(g, head, topk)
+        return _build_coarse_head(g, head, topk, gs.lanes)
     if g.weights.quant(head) is not None:
         logits = layers.linear(g, "hidden", head, "/lm_head")                                  # [R, V]
     else:
@@ -181,10 +181,11 @@ def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, st
     return out
 
 
-def _build_coarse_head(g: GraphBuilder, head: str, topk: int) -> dict[str, str]:
+def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int) -> dict[str, str]:
     """Coarse-then-exact lm_head (the "coarse-head" pass):
 
-        coarse = hidden . W4^T                      [R, V]   int4 copy of the head, half the bytes
+        coarse = hidden . Wc^T                      [R, V]   R = 1: int4 blocks (half the bytes);
+                                                             R > 1: int8 per-column (a faster GEMM)
         cand   = TopK(coarse, K)                    [R, K]
         rows   = GatherBlockQuantized(W8, cand)     [R, K, H] exact int8 rows, dequantized
         exact  = rows . hidden                      [R, K]
@@ -192,7 +193,12 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int) -> dict[str, str]:
         topk_values/ids = exact sorted              [R, K]
     """
     q = g.weights.quant(head)
-    coarse = layers.linear(g, "hidden", "lm_head.coarse", "/lm_head/coarse")                      # [R, V]
+    if rows_n > 1 and "lm_head.coarse8.weight" in g.weights:
+        coarse = g.op("DynamicQuantizeMatMul", ["hidden", g.weight("lm_head.coarse8.weight"),
+                                                g.weight("lm_head.coarse8.scale")],
+                      name="/lm_head/coarse/DynamicQuantizeMatMul", domain="com.microsoft")        # [R, V]
+    else:
+        coarse = layers.linear(g, "hidden", "lm_head.coarse", "/lm_head/coarse")                  # [R, V]
     _, cand = g.op("TopK", [coarse, g.const([topk])], name="/lm_head/candidates/TopK", n_out=2, axis=-1,
                    largest=1, sorted=1)                                                          # [R, K]
     rows = g.op("GatherBlockQuantized", [g.weight(f"{head}.gather_codes"), cand, g.weight(f"{head}.qscales")],

@@ -268,4 +268,14 @@ def _add_coarse_head(spec, store, record: dict, table: dict) -> None:
     store.add_quantized("lm_head.coarse", QuantInfo(4, COARSE.block, info.n, info.k, COARSE.accuracy_level),
                         put.codes, put.scales)
     record["lm_head.coarse"] = {**COARSE.to_json(), "module": "lm_head", "exact_blocks": round(put.exact_fraction, 4),
-                                "max_abs_error": put.max_abs_error, "role": "candidate selection; rescored from " + head}
+                                "max_abs_error": put.max_abs_error, "role": "candidate selection (1 row); rescored from " + head}
+    # For several rows at once ONNX Runtime's int8 GEMM (DynamicQuantizeMatMul, per-column scales)
+    # beats the block kernels: measured 9.2 ms vs 13.0 ms (int4) for 8 rows of the default model's head.
+    scale = np.maximum(np.abs(w).max(axis=1), 1e-30) / 127.0                       # [V]
+    codes8 = np.clip(np.round(w / scale[:, None]), -127, 127).astype(np.int8)     # [V, H]
+    store.add("lm_head.coarse8.weight", np.ascontiguousarray(codes8.T))            # [H, V]
+    store.add("lm_head.coarse8.scale", scale.astype(np.float32))
+    err = float(np.abs(codes8 * scale[:, None] - w).max())
+    record["lm_head.coarse8"] = {"kind": "int8", "block": info.k, "compute": "int8", "module": "lm_head",
+                                 "exact_blocks": 0.0, "max_abs_error": err,
+                                 "role": "candidate selection (several rows, per-column scales); rescored from " + head}

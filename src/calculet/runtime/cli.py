@@ -46,8 +46,9 @@ def run(args) -> int:
     calbin = ensure_calbin(model, CompileOptions(**overrides), log=log)
     device = Device(DeviceConfig(threads=args.threads))
     try:
-        device.configure(device.load(calbin, full_hash=args.full_hash))
-        tokenizer = TextTokenizer.from_program(device.program)
+        program = device.load(calbin, full_hash=args.full_hash)
+        tokenizer = TextTokenizer.from_program(program)  # before the sessions: keeps its parse out of the peak
+        device.configure(program)
         prompt_ids = tokenizer.encode_prompt(prompt)
 
         def emit(text: str) -> None:

@@ -131,8 +131,8 @@ class Program:
                 self.sessions[g.name] = ort.InferenceSession(str(self.path / g.file), so, providers=PROVIDERS[config.provider])
             except Exception as exc:  # onnxruntime raises its own exception types
                 raise DeviceError("session_create_failed", f"cannot create a session for graph {g.name!r}: {exc}") from None
-        self._release_mapped_pages()
-        trim_heap()
+            self._release_mapped_pages()  # after each session, so prepacking temporaries never pile up
+            trim_heap()
         self.load_seconds = time.perf_counter() - t0
 
     def _release_mapped_pages(self) -> None:

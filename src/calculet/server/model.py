@@ -60,8 +60,11 @@ class ModelHost:
         calbin = ensure_calbin(cfg.model, CompileOptions(), log=log.info)
         device = Device(DeviceConfig(threads=cfg.threads))
         self._device = device
-        device.configure(device.load(calbin))
-        tokenizer = TextTokenizer.from_program(device.program)
+        program = device.load(calbin)
+        # Tokenizer first: parsing a large tokenizer.json needs a few hundred MB for a moment, and
+        # doing it before the sessions exist keeps that out of the server's peak memory.
+        tokenizer = TextTokenizer.from_program(program)
+        device.configure(program)
         chat, problem = None, None
         try:
             chat = ChatTemplate.from_tokenizer(tokenizer)
