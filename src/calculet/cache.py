@@ -20,13 +20,25 @@ def is_calbin(path: str | None) -> bool:
     return path is not None and (Path(path) / MANIFEST).is_file()
 
 
+def _compiler_fingerprint() -> str:
+    """Hash of the code that decides what a calbin holds, so a changed compiler never reuses an old build."""
+    root = Path(__file__).parent
+    h = hashlib.sha256()
+    for folder in ("compiler", "models", "sources", "calbin"):
+        for path in sorted((root / folder).glob("*.py")):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _source_key(source: str | None, options) -> str:
     from calculet.sources.resolve import default_model_path
 
     path = Path(source if source is not None else default_model_path()).resolve()
     stat_of = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     fingerprint = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in stat_of]
-    blob = json.dumps({"v": __version__, "files": fingerprint, "options": options.cache_key()}, sort_keys=True)
+    blob = json.dumps({"v": __version__, "compiler": _compiler_fingerprint(), "files": fingerprint,
+                       "options": options.cache_key()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
