@@ -144,17 +144,26 @@ def write_manifest(manifest: Manifest, folder: Path) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1) + "\n")
 
 
-def read_manifest(folder: str | Path) -> Manifest:
+def read_manifest_json(folder: str | Path) -> dict:
+    """manifest.json as a dict; a folder that is not a calbin or a manifest that is not JSON is an error."""
     folder = Path(folder)
     path = folder / MANIFEST
-    if not folder.is_dir() or not path.exists():
+    if not folder.is_dir():
+        raise ModelError("not_a_calbin", f"{folder}: not a calbin (not a directory); give the folder `calculet compile` wrote")
+    if not path.is_file():
         raise ModelError("not_a_calbin", f"{folder}: not a calbin (no {MANIFEST}); compile one with `calculet compile`")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelError("manifest_not_json", f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ModelError("manifest_not_json", f"{path}: expected a JSON object at the top level")
+        raise ModelError("manifest_not_json", f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
+    return data
+
+
+def read_manifest(folder: str | Path) -> Manifest:
+    path = Path(folder) / MANIFEST
+    data = read_manifest_json(folder)
     version = data.get("schema_version")
     if version not in SUPPORTED_SCHEMAS:
         raise ModelError("manifest_schema", f"{path}: schema_version {version!r} is not supported; supported: {', '.join(SUPPORTED_SCHEMAS)}")

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 from calculet.calbin.gates import GATES, schema
-from calculet.calbin.gates.context import GateContext, read_manifest_json
+from calculet.calbin.gates.context import GateContext
+from calculet.calbin.manifest import read_manifest_json
 from calculet.calbin.validate_report import (Check, Rule, Status, ValidationOptions, ValidationReport,
                                              render_table)
 

@@ -11,25 +11,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from calculet.calbin.manifest import MANIFEST, Manifest
+from calculet.calbin.manifest import Manifest
 from calculet.calbin.validate_report import ValidationOptions
 from calculet.errors import ModelError
-
-
-def read_manifest_json(folder: Path) -> dict:
-    """manifest.json as a dict; a folder that is not a calbin or a manifest that is not JSON is an error."""
-    path = folder / MANIFEST
-    if not folder.is_dir():
-        raise ModelError("not_a_calbin", f"{folder}: not a calbin (not a directory); give the folder `calculet compile` wrote")
-    if not path.is_file():
-        raise ModelError("not_a_calbin", f"{folder}: not a calbin (no {MANIFEST}); compile one with `calculet compile`")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelError("manifest_not_json", f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ModelError("manifest_not_json", f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
-    return data
 
 
 def inside(folder: Path, rel: str) -> bool:
