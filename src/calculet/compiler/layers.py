@@ -152,6 +152,18 @@ def kv_names(layer: int) -> tuple[str, str, str, str]:
     return (f"past_key.{layer}", f"past_value.{layer}", f"present_key.{layer}", f"present_value.{layer}")
 
 
+def self_attention(g: GraphBuilder, spec, layer: int, x: str, ctx: AttentionInputs) -> str:
+    """The attention sub-block every family shares: q/k/v projections, per-head q/k RMSNorm when the
+    spec has it (Qwen3, Gemma 3), attention with in-place KV, o_proj. x is the normed input [L, S, H]."""
+    p, s = f"model.layers.{layer}.self_attn", f"/model/layers.{layer}/attn"
+    q, k, v = qkv_projections(g, spec, x, p, s)
+    if spec.qk_norm:
+        q = head_rmsnorm(g, q, spec.num_heads, spec.head_dim, f"{p}.q_norm.weight", spec.rms_norm_eps, f"{s}/q_norm")
+        k = head_rmsnorm(g, k, spec.num_kv_heads, spec.head_dim, f"{p}.k_norm.weight", spec.rms_norm_eps, f"{s}/k_norm")
+    a = attention(g, spec, layer, q, k, v, ctx, s)
+    return linear(g, a, f"{p}.o_proj.weight", f"{s}/o_proj")
+
+
 def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, ctx: AttentionInputs, scope: str) -> str:
     """Grouped-query attention with RoPE and an in-place KV update.
 

@@ -111,11 +111,6 @@ class ModelSpec:
         if "sliding" in self.layer_types and not self.sliding_window:
             raise ModelError("bad_config", "sliding-window layers need sliding_window > 0")
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """fp32 K+V bytes per token per lane over all layers."""
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
-
     def to_json(self) -> dict:
         return asdict(self)
 
@@ -136,6 +131,23 @@ def eos_ids(config: dict) -> tuple[int, ...]:
 def linear_weight(tensors, name: str) -> np.ndarray:
     """HF Linear [out, in] -> MatMul right operand [in, out], contiguous float32."""
     return np.ascontiguousarray(get_tensor(tensors, name).T, dtype=np.float32)
+
+
+def layer_projection_weights(spec: "ModelSpec", tensors, prefix: str, norm=None):
+    """One layer's attention and MLP initializers, shared by the families: q/k/v/o and gate/up/down
+    as [in, out], q/k/v biases when the spec has them, and q/k norms (through `norm`, which applies a
+    family's weight convention) when it has those."""
+    norm = norm or get_tensor
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        yield f"{prefix}.self_attn.{proj}.weight", linear_weight(tensors, f"{prefix}.self_attn.{proj}.weight")
+    if spec.qkv_bias:
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            yield f"{prefix}.self_attn.{proj}.bias", get_tensor(tensors, f"{prefix}.self_attn.{proj}.bias")
+    if spec.qk_norm:
+        for which in ("q_norm", "k_norm"):
+            yield f"{prefix}.self_attn.{which}.weight", norm(tensors, f"{prefix}.self_attn.{which}.weight")
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        yield f"{prefix}.mlp.{proj}.weight", linear_weight(tensors, f"{prefix}.mlp.{proj}.weight")
 
 
 def get_tensor(tensors, name: str) -> np.ndarray:

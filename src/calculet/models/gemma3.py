@@ -15,7 +15,7 @@ import numpy as np
 
 from calculet.compiler import layers
 from calculet.errors import ModelError
-from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, linear_weight, require
+from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require
 
 MODEL_TYPES = ("gemma3_text", "gemma3")
 
@@ -88,15 +88,7 @@ def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]
         p = f"model.layers.{i}"
         for norm in _NORMS:
             yield f"{p}.{norm}.weight", _norm(tensors, f"{p}.{norm}.weight")
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            yield f"{p}.self_attn.{proj}.weight", linear_weight(tensors, f"{p}.self_attn.{proj}.weight")
-        if spec.qkv_bias:
-            for proj in ("q_proj", "k_proj", "v_proj"):
-                yield f"{p}.self_attn.{proj}.bias", get_tensor(tensors, f"{p}.self_attn.{proj}.bias")
-        yield f"{p}.self_attn.q_norm.weight", _norm(tensors, f"{p}.self_attn.q_norm.weight")
-        yield f"{p}.self_attn.k_norm.weight", _norm(tensors, f"{p}.self_attn.k_norm.weight")
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            yield f"{p}.mlp.{proj}.weight", linear_weight(tensors, f"{p}.mlp.{proj}.weight")
+        yield from layer_projection_weights(spec, tensors, p, norm=_norm)
     yield "model.norm.weight", _norm(tensors, "model.norm.weight")
     if not spec.tie_word_embeddings:
         yield "lm_head.weight", get_tensor(tensors, "lm_head.weight")
@@ -112,11 +104,7 @@ def build_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.A
     p, s = f"model.layers.{i}", f"/model/layers.{i}"
     eps = spec.rms_norm_eps
     n, stream = layers.add_norm(g, stream, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
-    q, k, v = layers.qkv_projections(g, spec, n, f"{p}.self_attn", f"{s}/attn")
-    q = layers.head_rmsnorm(g, q, spec.num_heads, spec.head_dim, f"{p}.self_attn.q_norm.weight", eps, f"{s}/attn/q_norm")
-    k = layers.head_rmsnorm(g, k, spec.num_kv_heads, spec.head_dim, f"{p}.self_attn.k_norm.weight", eps, f"{s}/attn/k_norm")
-    a = layers.attention(g, spec, i, q, k, v, ctx, f"{s}/attn")
-    o = layers.linear(g, a, f"{p}.self_attn.o_proj.weight", f"{s}/attn/o_proj")
+    o = layers.self_attention(g, spec, i, n, ctx)
     o = layers.rmsnorm(g, o, f"{p}.post_attention_layernorm.weight", eps, f"{s}/post_attention_layernorm")
     m, stream = layers.add_norm(g, layers.Stream(stream.x, o), f"{p}.pre_feedforward_layernorm.weight", eps,
                                 f"{s}/pre_feedforward_layernorm")

@@ -13,7 +13,8 @@ from typing import Iterator
 import numpy as np
 
 from calculet.compiler import layers
-from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, linear_weight, require
+from calculet.errors import ModelError
+from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -28,7 +29,6 @@ def parse_config(config: dict) -> ModelSpec:
     window = config.get("sliding_window") if (model_type == "mistral" or config.get("use_sliding_window")) else None
     act = config.get("hidden_act", "silu")
     if act != "silu":
-        from calculet.errors import ModelError
         raise ModelError("unsupported_activation", f"hidden_act {act!r} is not supported for {model_type}; supported: silu")
     return ModelSpec(
         family="llama",
@@ -63,16 +63,7 @@ def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]
         p = f"model.layers.{i}"
         yield f"{p}.input_layernorm.weight", get_tensor(tensors, f"{p}.input_layernorm.weight")
         yield f"{p}.post_attention_layernorm.weight", get_tensor(tensors, f"{p}.post_attention_layernorm.weight")
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            yield f"{p}.self_attn.{proj}.weight", linear_weight(tensors, f"{p}.self_attn.{proj}.weight")
-        if spec.qkv_bias:
-            for proj in ("q_proj", "k_proj", "v_proj"):
-                yield f"{p}.self_attn.{proj}.bias", get_tensor(tensors, f"{p}.self_attn.{proj}.bias")
-        if spec.qk_norm:
-            yield f"{p}.self_attn.q_norm.weight", get_tensor(tensors, f"{p}.self_attn.q_norm.weight")
-            yield f"{p}.self_attn.k_norm.weight", get_tensor(tensors, f"{p}.self_attn.k_norm.weight")
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            yield f"{p}.mlp.{proj}.weight", linear_weight(tensors, f"{p}.mlp.{proj}.weight")
+        yield from layer_projection_weights(spec, tensors, p)
     yield "model.norm.weight", get_tensor(tensors, "model.norm.weight")
     if not spec.tie_word_embeddings:
         yield "lm_head.weight", get_tensor(tensors, "lm_head.weight")  # [V, H], used with transB
@@ -86,12 +77,7 @@ def build_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.A
     p, s = f"model.layers.{i}", f"/model/layers.{i}"
     eps = spec.rms_norm_eps
     n, stream = layers.add_norm(g, stream, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
-    q, k, v = layers.qkv_projections(g, spec, n, f"{p}.self_attn", f"{s}/attn")
-    if spec.qk_norm:
-        q = layers.head_rmsnorm(g, q, spec.num_heads, spec.head_dim, f"{p}.self_attn.q_norm.weight", eps, f"{s}/attn/q_norm")
-        k = layers.head_rmsnorm(g, k, spec.num_kv_heads, spec.head_dim, f"{p}.self_attn.k_norm.weight", eps, f"{s}/attn/k_norm")
-    a = layers.attention(g, spec, i, q, k, v, ctx, f"{s}/attn")
-    o = layers.linear(g, a, f"{p}.self_attn.o_proj.weight", f"{s}/attn/o_proj")
+    o = layers.self_attention(g, spec, i, n, ctx)
     m, stream = layers.add_norm(g, layers.Stream(stream.x, o), f"{p}.post_attention_layernorm.weight", eps,
                                 f"{s}/post_attention_layernorm")
     return layers.Stream(stream.x, layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp"))
