@@ -49,7 +49,6 @@ def ensure_calbin(source: str | None, options, log=print) -> Path:
     if is_calbin(source):
         return Path(source)
     from calculet.compiler.compile import compile_calbin
-    from calculet.sources.resolve import load_source  # noqa: F401  (validates the path early)
 
     from dataclasses import replace
 

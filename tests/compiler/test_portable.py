@@ -9,12 +9,12 @@ import pytest
 from calculet.calbin.manifest import read_manifest
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import CompileOptions
-from calculet.engine.generate import generate, prefill
+from calculet.engine.generate import generate
 from calculet.engine.sampler import SamplingParams
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.errors import RequestError
 from calculet.runtime.device import Device
-from calculet.runtime.jobs import DecodeJob
+from decoding import greedy_together
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
 
@@ -66,14 +66,7 @@ def test_portable_batched_decode_writes_each_lane(tiny_model_dir, tmp_path):
         tok = TextTokenizer.from_program(d.program)
         prompts = [np.random.default_rng(s).integers(3, 300, size=n).tolist() for s, n in ((1, 3), (2, 11), (3, 7))]
         alone = [generate(d, tok, p, SamplingParams(temperature=0.0), 10, ignore_eos=True).tokens for p in prompts]
-        lanes = [d.lanes.allocate() for _ in prompts]
-        last = [int(np.argmax(prefill(d, lane, p))) for lane, p in zip(lanes, prompts)]
-        together = [[t] for t in last]
-        for _ in range(9):
-            logits = d.run(DecodeJob(tuple(lanes), tuple(last)), 30).logits
-            last = [int(np.argmax(row)) for row in logits]
-            for seq, t in zip(together, last):
-                seq.append(t)
+        together = greedy_together(d, prompts, 10)
         assert together == alone
     finally:
         d.close()

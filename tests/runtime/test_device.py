@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calculet.engine.generate import generate, prefill
+from calculet.engine.generate import generate
 from calculet.engine.sampler import SamplingParams
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.errors import DeviceError, ErrorKind, RequestError
 from calculet.runtime.device import Device
 from calculet.runtime.faults import FaultPlan
 from calculet.runtime.jobs import DecodeJob, PrefillJob
+from decoding import greedy_together
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -33,18 +34,7 @@ def test_batched_decode_equals_each_alone(device):
     """Three prompts decoded together in one batch give exactly the tokens each gives alone."""
     tokenizer = TextTokenizer.from_program(device.program)
     alone = [generate(device, tokenizer, p, GREEDY, 20, ignore_eos=True).tokens for p in _prompts()]
-    lanes = [device.lanes.allocate() for _ in range(3)]
-    try:
-        last = [int(np.argmax(prefill(device, lane, p))) for lane, p in zip(lanes, _prompts())]
-        together = [[t] for t in last]
-        for _ in range(19):
-            logits = device.run(DecodeJob(tuple(lanes), tuple(last)), 30).logits
-            last = [int(np.argmax(row)) for row in logits]
-            for seq, t in zip(together, last):
-                seq.append(t)
-    finally:
-        for lane in lanes:
-            device.lanes.free(lane)
+    together = greedy_together(device, _prompts(), 20)
     assert together == alone
 
 

@@ -100,12 +100,6 @@ class Manifest:
     def to_json(self) -> dict:
         return asdict(self)
 
-    def graph(self, name: str) -> dict:
-        for g in self.graphs:
-            if g["name"] == name:  # exact names only, never a substring match
-                return g
-        raise ModelError("graph_not_found", f"calbin has no graph named {name!r}; graphs: {[g['name'] for g in self.graphs]}")
-
     @staticmethod
     def from_json(d: dict) -> "Manifest":
         try:

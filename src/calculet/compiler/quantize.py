@@ -20,7 +20,6 @@ import numpy as np
 from calculet.compiler.weights import QuantInfo
 from calculet.errors import RequestError
 
-MODULE_CLASSES = ("embedding", "attention", "mlp", "lm_head", "norm", "other")
 _GRID_CANDIDATES = (127, 16, 15, 32, 31, 64, 63, 8, 7, 4, 3, 2, 1)
 
 

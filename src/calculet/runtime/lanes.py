@@ -69,9 +69,6 @@ class Lanes:
     def in_use(self, lane: int) -> bool:
         return self._in_use[lane]
 
-    def used(self) -> list[int]:
-        return [i for i, u in enumerate(self._in_use) if u]
-
     def free_count(self) -> int:
         return self._in_use.count(False)
 
