@@ -23,10 +23,12 @@ GREEDY = SamplingParams(temperature=0.0)
 class Jobs(EngineObserver):
     def __init__(self):
         self.kinds: list[str] = []
+        self.tokens: list[int] = []
         self.requeued_total = 0
 
     def job(self, kind, timings, useful_tokens):
         self.kinds.append(kind)
+        self.tokens.append(useful_tokens)
 
     def requeued(self, sequences):
         self.requeued_total += sequences
@@ -108,19 +110,56 @@ def test_batched_equals_alone(calbin, make_engine):
     assert engine.lanes.free_count() == 4
 
 
-def test_prefill_chunks_interleave_with_decode(make_engine):
-    """A long prompt is prefilled one chunk per step while another sequence keeps decoding."""
-    jobs = Jobs()
-    engine = make_engine(observer=jobs)
+def _runs(jobs: "Jobs") -> list[tuple[str, list[int]]]:
+    """Consecutive jobs of one kind, with their useful tokens: [("prefill", [16, 16]), ("decode", [1]), ...]."""
+    runs = []
+    for kind, tokens in zip(jobs.kinds, jobs.tokens):
+        if runs and runs[-1][0] == kind:
+            runs[-1][1].append(tokens)
+        else:
+            runs.append((kind, [tokens]))
+    return runs
+
+
+def _long_prompt_while_decoding(engine):
     tok = engine.tokenizer
     first = Call(engine, request(tok, "hi", 40))
     first.deltas(1)
-    long_ids = tok.encode_prompt("The quick brown fox jumps over the lazy dog. " * 3)[:50]   # 4 chunks
+    long_ids = tok.encode_prompt("The quick brown fox jumps over the lazy dog. " * 3)[:50]   # 16+16+16+2
     second = Call(engine, request(tok, long_ids, 4))
-    for call in (first, second):
-        assert isinstance(call.result()[2], RequestDone)
+    return [call.result() for call in (first, second)], long_ids
+
+
+def test_prefill_budget_of_one_chunk_interleaves_with_decode(make_engine):
+    """With a budget of one chunk, a long prompt is prefilled one chunk per step while another
+    sequence keeps decoding."""
+    jobs = Jobs()
+    engine = make_engine(EngineConfig(max_prefill_tokens=16), observer=jobs)
+    results, _ = _long_prompt_while_decoding(engine)
+    assert all(isinstance(end, RequestDone) for _, _, end in results)
     assert jobs.kinds.count("prefill") >= 5
     assert ("prefill", "prefill") not in set(zip(jobs.kinds, jobs.kinds[1:]))
+
+
+def test_prefill_budget_runs_several_chunks_per_step(calbin, make_engine):
+    """A budget of 32 tokens takes the long prompt's chunks (4 + 16 + 16 + 14) two per step, never
+    more than the budget, and the output is the same as the request alone."""
+    jobs = Jobs()
+    engine = make_engine(EngineConfig(max_prefill_tokens=32), observer=jobs)
+    results, long_ids = _long_prompt_while_decoding(engine)
+    long_runs = [tokens for kind, tokens in _runs(jobs) if kind == "prefill"][1:]   # after "hi"'s own
+    assert [sum(run) for run in long_runs] == [20, 30] and [len(run) for run in long_runs] == [2, 2]
+    device = open_device(calbin)
+    try:
+        alone = generate(device, engine.tokenizer, long_ids, GREEDY, 4, ignore_eos=True)
+    finally:
+        device.close()
+    assert results[1][0] == alone.tokens
+
+
+def test_prefill_budget_is_checked():
+    with pytest.raises(RequestError, match="--max-prefill-tokens must be >= 1"):
+        EngineConfig(max_prefill_tokens=0)
 
 
 def test_cancel_frees_the_lane(make_engine):

@@ -7,7 +7,8 @@
     engine.cancel(rid)                                             # frees its lanes within one step
 
 Every step reads: schedule -> run -> sample -> emit. Sequences join and leave the decode batch at
-every step; a prompt is prefilled one chunk per step, between decode steps.
+every step; prompts are prefilled in chunks, up to `max_prefill_tokens` per step, before that step's
+decode.
 
 Device errors: the requests whose job failed (the decode batch, or the sequence being prefilled)
 fail with the device error. `device.reset()` then forgets every lane, so every other sequence that
@@ -22,7 +23,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,12 +44,15 @@ RESET_RETRY_S = 5.0
 @dataclass(frozen=True)
 class EngineConfig:
     max_queue: int = 128              # sequences that may wait for a lane; beyond, submit() says queue_full
+    max_prefill_tokens: int = 512     # prompt tokens prefilled per step (at least one chunk runs)
     request_timeout_s: float | None = None
     job_timeout_s: float = 600.0      # the longest one device job may take before it counts as failed
 
     def __post_init__(self):
         if self.max_queue < 0:
             raise RequestError("bad_option", f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.max_prefill_tokens < 1:
+            raise RequestError("bad_option", f"--max-prefill-tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise RequestError("bad_option", f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}")
         if not self.job_timeout_s > 0:
@@ -66,6 +70,12 @@ class EngineSnapshot:
     lanes_total: int
 
 
+@dataclass
+class StepResults:
+    prefill: list = field(default_factory=list)   # (PrefillWork, JobResult), in the order they ran
+    decode: JobResult | None = None
+
+
 @dataclass(frozen=True)
 class Sample:
     seq: Sequence
@@ -81,7 +91,7 @@ class Engine:
         self.observer = observer or EngineObserver()
         self.lanes = device.lanes
         self.context = device.lanes.context
-        self.scheduler = Scheduler(device.lanes, device.program.chunk_sizes)
+        self.scheduler = Scheduler(device.lanes, device.program.chunk_sizes, self.config.max_prefill_tokens)
         self.state = "ready"
         self._cond = threading.Condition()
         self._inbox: list[RequestState] = []
@@ -219,27 +229,31 @@ class Engine:
             self.observer.admitted(now - state.arrived, len(state.request.prompt_ids))
         return plan
 
-    # --- run: one prefill chunk and one decode step on the device ---------------------------
-    def _run(self, plan: StepPlan) -> dict[str, JobResult] | None:
-        jobs = []
-        if plan.prefill is not None:
-            work = plan.prefill  # only a prompt's last chunk needs logits: inner chunks skip the lm_head
-            jobs.append(("prefill", PrefillJob(work.seq.lane, work.tokens, want_logits=work.last), [work.seq]))
+    # --- run: the step's prefill chunks, then one decode step, on the device --------------------
+    def _run(self, plan: StepPlan) -> StepResults | None:
+        jobs = []  # (kind, job, seqs, prefill work or None); the device runs them in this order
+        for work in plan.prefill:  # only a prompt's last chunk needs logits: inner chunks skip the lm_head
+            jobs.append(("prefill", PrefillJob(work.seq.lane, work.tokens, want_logits=work.last), [work.seq], work))
         if plan.decode:
             jobs.append(("decode", DecodeJob(tuple(s.lane for s in plan.decode), tuple(s.output_ids[-1] for s in plan.decode)),
-                         list(plan.decode)))
+                         list(plan.decode), None))
         handles, failures = [], []
-        for kind, job, seqs in jobs:
+        for kind, job, seqs, work in jobs:
             try:
-                handles.append((kind, self.device.submit(job), seqs))
+                handles.append((kind, self.device.submit(job), seqs, work))
             except CalculetError as exc:
                 failures.append((exc, seqs))
-        results = {}
-        for kind, handle, seqs in handles:
+        results = StepResults()
+        for kind, handle, seqs, work in handles:
             try:
-                results[kind] = self.device.wait(handle, self.config.job_timeout_s)
+                result = self.device.wait(handle, self.config.job_timeout_s)
             except CalculetError as exc:
                 failures.append((exc, seqs))
+                continue
+            if work is None:
+                results.decode = result
+            else:
+                results.prefill.append((work, result))
         device_failure = next((exc for exc, _ in failures if isinstance(exc, DeviceError)), None)
         if device_failure is not None or not self.device.healthy:
             failed = [s.state for _, seqs in failures for s in seqs]
@@ -248,24 +262,26 @@ class Engine:
         for exc, seqs in failures:  # request errors: only these requests fail, the lanes are intact
             for seq in seqs:
                 self._end(seq.state, "error", RequestFailed(exc))
-        for kind, result in results.items():
-            useful = len(plan.prefill.tokens) if kind == "prefill" else len(plan.decode)
-            self.observer.job(kind, result.timings, useful)
+        for work, result in results.prefill:
+            self.observer.job("prefill", result.timings, len(work.tokens))
+        if results.decode is not None:
+            self.observer.job("decode", results.decode.timings, len(plan.decode))
         return results
 
     # --- sample: one token per sequence that has logits -----------------------------------
-    def _sample(self, plan: StepPlan, results: dict[str, JobResult]) -> list[Sample]:
+    def _sample(self, plan: StepPlan, results: StepResults) -> list[Sample]:
         t0 = time.perf_counter()
         samples = []
-        work = plan.prefill
-        if "prefill" in results and not work.seq.finished:
+        for work, result in results.prefill:
+            if work.seq.finished:
+                continue
             self.scheduler.prefill_done(work)
             if work.last and not work.seq.output_ids:  # a resumed sequence already has its next token
-                samples.append(self._sample_one(work.seq, results["prefill"], 0))
-        if "decode" in results:
+                samples.append(self._sample_one(work.seq, result, 0))
+        if results.decode is not None:
             for r, seq in enumerate(plan.decode):
                 if not seq.finished:
-                    samples.append(self._sample_one(seq, results["decode"], r))
+                    samples.append(self._sample_one(seq, results.decode, r))
         self.observer.sampled(time.perf_counter() - t0, len(samples))
         return samples
 
@@ -371,7 +387,7 @@ class Engine:
             state.emit(RequestFailed(error))
             self.observer.finished("error", time.perf_counter() - state.arrived)
         self._live.clear()
-        self.scheduler = Scheduler(self.lanes, self.device.program.chunk_sizes)
+        self.scheduler = Scheduler(self.lanes, self.device.program.chunk_sizes, self.config.max_prefill_tokens)
         self.state = "recovering"
         self._reset_device()
 

@@ -1,12 +1,16 @@
-"""Which work runs in the next engine step: at most one prefill chunk, plus one decode step over
-every sequence that is decoding.
+"""Which work runs in the next engine step: prefill chunks up to a token budget, plus one decode
+step over every sequence that is decoding.
 
     waiting ──admit (a lane is free)──▶ prefilling ──last chunk──▶ decoding ──finish──▶ (lane freed)
        ▲                                     │                         │
        └────────── requeue (device reset: every lane forgotten) ───────┘
 
-Prefill runs one chunk per step, first come first served, so a long prompt never stalls the streams
-that are already decoding for more than one chunk's time. A sequence keeps its lane until it
+Prefill is chunked, first come first served: each step takes the waiting prompts' next chunks until
+`prefill_budget` prompt tokens are planned (always at least one chunk), so a long prompt stalls the
+streams that are already decoding by at most about one budget's worth of prefill. A larger budget
+gets a burst of new requests into the decode batch in fewer steps (fewer part-full decode steps,
+higher throughput, lower TTFT); a smaller one keeps inter-token latency steadier. It is vLLM's
+max_num_batched_tokens trade-off, applied to prompt tokens. A sequence keeps its lane until it
 finishes; `finish` is the only way a lane is given back.
 """
 
@@ -29,19 +33,22 @@ class PrefillWork:
 
 @dataclass(frozen=True)
 class StepPlan:
-    prefill: PrefillWork | None
+    prefill: tuple[PrefillWork, ...]   # run in this order (a sequence's chunks are consecutive)
     decode: tuple[Sequence, ...]
     admitted: tuple[RequestState, ...] = ()     # requests that got their first lane this step
 
     @property
     def empty(self) -> bool:
-        return self.prefill is None and not self.decode
+        return not self.prefill and not self.decode
 
 
 class Scheduler:
-    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...]):
+    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...], prefill_budget: int):
+        if prefill_budget < 1:
+            raise ValueError(f"prefill_budget must be >= 1 token, got {prefill_budget}")
         self.lanes = lanes
         self.chunk_sizes = tuple(chunk_sizes)
+        self.prefill_budget = prefill_budget
         self.waiting: deque[Sequence] = deque()
         self.prefilling: deque[Sequence] = deque()
         self.decoding: list[Sequence] = []
@@ -65,13 +72,21 @@ class Scheduler:
     # --- one step ------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
         admitted = self._admit(now)
-        work = None
-        if self.prefilling:
-            seq = self.prefilling[0]
-            n = seq.pieces[0]
-            tokens = seq.kv_tokens()[seq.prefilled:seq.prefilled + n]
-            work = PrefillWork(seq, tokens, last=len(seq.pieces) == 1)
-        return StepPlan(work, tuple(self.decoding), admitted)
+        return StepPlan(self._prefill_work(), tuple(self.decoding), admitted)
+
+    def _prefill_work(self) -> tuple[PrefillWork, ...]:
+        """The next chunks in arrival order while they fit the budget; the first always runs."""
+        work, planned = [], 0
+        for seq in self.prefilling:
+            done = seq.prefilled
+            for i, n in enumerate(seq.pieces):
+                if work and planned + n > self.prefill_budget:
+                    return tuple(work)
+                tokens = seq.kv_tokens()[done:done + n]
+                work.append(PrefillWork(seq, tokens, last=i == len(seq.pieces) - 1))
+                planned += n
+                done += n
+        return tuple(work)
 
     def _admit(self, now: float) -> tuple[RequestState, ...]:
         admitted = []

@@ -15,6 +15,7 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None
     max_queue: int = 128
+    max_prefill_tokens: int = 512          # prompt tokens prefilled per engine step
     request_timeout_s: float | None = None
     served_model_name: str | None = None
     threads: int = 0
@@ -24,6 +25,8 @@ class ServerConfig:
             raise RequestError("bad_option", f"--port must be in 0..65535, got {self.port}")
         if self.max_queue < 0:
             raise RequestError("bad_option", f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.max_prefill_tokens < 1:
+            raise RequestError("bad_option", f"--max-prefill-tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise RequestError("bad_option", f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}")
         if self.threads < 0:
@@ -36,7 +39,7 @@ class ServerConfig:
     def __repr__(self) -> str:  # never print the key
         key = "set" if self.api_key else None
         return (f"ServerConfig(model={self.model!r}, host={self.host!r}, port={self.port}, api_key={key}, "
-                f"max_queue={self.max_queue}, request_timeout_s={self.request_timeout_s}, "
+                f"max_queue={self.max_queue}, max_prefill_tokens={self.max_prefill_tokens}, request_timeout_s={self.request_timeout_s}, "
                 f"served_model_name={self.served_model_name!r}, threads={self.threads})")
 
     @property

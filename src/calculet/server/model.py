@@ -72,8 +72,9 @@ class ModelHost:
                 problem = "this model has no chat template (it is a base model); use /v1/completions"
         except CalculetError as exc:
             problem = exc.message
-        engine = Engine(device, tokenizer, EngineConfig(max_queue=cfg.max_queue, request_timeout_s=cfg.request_timeout_s),
-                        observer=self.metrics)
+        engine_config = EngineConfig(max_queue=cfg.max_queue, max_prefill_tokens=cfg.max_prefill_tokens,
+                                     request_timeout_s=cfg.request_timeout_s)
+        engine = Engine(device, tokenizer, engine_config, observer=self.metrics)
         self.metrics.watch(engine.snapshot, lambda: engine.healthy)
         engine.start()
         source = device.program.manifest.model.get("source", {}).get("path")
