@@ -18,6 +18,7 @@ import argparse
 import json
 import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -94,11 +95,11 @@ def calculet_serve_available() -> bool:
     return result.returncode == 0
 
 
-def bench(url: str, label: str, out: Path, args: argparse.Namespace, prompts: Path | None) -> Path:
+def bench(url: str, label: str, out: Path, args: argparse.Namespace, prompts: Path | None, seed: int) -> Path:
     settings = {
         "url": url, "model": served_model(url), "concurrency": args.concurrency,
         "output_tokens": args.output_tokens, "requests": args.requests, "warmup": args.warmup,
-        "seed": args.seed, "out": str(out), "label": label, "progress": not args.no_progress,
+        "seed": seed, "out": str(out), "label": label, "progress": not args.no_progress,
         "timeout": args.timeout,
     }
     if args.slo:
@@ -134,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for a server")
     parser.add_argument("--out", type=Path, default=Path("calculet-bench") / time.strftime("vs-llamacpp-%Y%m%d-%H%M%S"))
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternate the two servers this many times and report each round's ratios and the median (default 3)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        raise SystemExit(f"error: --rounds must be >= 1, got {args.rounds}")
 
     args.out.mkdir(parents=True, exist_ok=True)
     gguf = (args.gguf or default_gguf()).expanduser()
@@ -147,36 +152,80 @@ def main(argv: list[str] | None = None) -> int:
         with_calculet = False
     binary = find_or_build(args.llama_server, args.cache.expanduser(), jobs=2)
 
-    port = free_port()
-    llama_url = f"http://127.0.0.1:{port}"
-    llama = start([str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                   "--threads", str(args.threads), "--threads-batch", str(args.threads),
-                   "--parallel", str(args.parallel), "--ctx-size", str(args.parallel * args.slot_context),
-                   "--alias", gguf.stem, "--no-webui"], args.out / "llama-server.log")
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
-        wait_ready(llama_url, llama, args.out / "llama-server.log", args.ready_timeout)
-        llama_run = bench(llama_url, "llama.cpp", args.out / "llama.cpp", args, prompts=None)
+        port = free_port()
+        servers["llama.cpp"] = (start([str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+                                       "--threads", str(args.threads), "--threads-batch", str(args.threads),
+                                       "--parallel", str(args.parallel), "--ctx-size", str(args.parallel * args.slot_context),
+                                       "--alias", gguf.stem, "--no-webui"], args.out / "llama-server.log"),
+                                f"http://127.0.0.1:{port}")
+        if with_calculet:
+            port = free_port()
+            servers["calculet"] = (start([sys.executable, "-m", "calculet", "serve", "--port", str(port), "--threads",
+                                          str(args.threads), *shlex.split(args.calculet_args)], args.out / "calculet-serve.log"),
+                                   f"http://127.0.0.1:{port}")
+        for label, (process, url) in servers.items():
+            log = args.out / ("llama-server.log" if label == "llama.cpp" else "calculet-serve.log")
+            wait_ready(url, process, log, args.ready_timeout)
+        # Both servers stay up (an idle server takes no CPU); each round measures one, then the other,
+        # so slow drifts of the machine hit both alike. Each round makes new prompts (seed + 1000 x round):
+        # llama-server keeps finished prompts in its slots and would answer a repeated one from cache.
+        runs: list[tuple[Path, Path | None]] = []
+        for r in range(args.rounds):
+            folder = args.out if args.rounds == 1 else args.out / f"round-{r + 1}"
+            llama_run = bench(servers["llama.cpp"][1], "llama.cpp", folder / "llama.cpp", args, None, args.seed + 1000 * r)
+            calculet_run = None
+            if with_calculet:
+                calculet_run = bench(servers["calculet"][1], "calculet", folder / "calculet", args,
+                                     llama_run.parent / "prompts.jsonl", args.seed + 1000 * r)
+                table = compare_runs(llama_run, calculet_run)
+                (folder / "compare.md").write_text(table + "\n", encoding="utf-8")
+                print(f"\n# round {r + 1} of {args.rounds}\n\n{table}")
+            runs.append((llama_run, calculet_run))
     finally:
-        stop(llama)
+        for process, _ in servers.values():
+            stop(process)
 
     if not with_calculet:
-        print(f"\nrecords and report: {llama_run.parent}")
+        print(f"\nrecords and report: {runs[-1][0].parent}")
         return 0
-    port = free_port()
-    calculet_url = f"http://127.0.0.1:{port}"
-    calculet = start([sys.executable, "-m", "calculet", "serve", "--port", str(port), "--threads",
-                      str(args.threads), *shlex.split(args.calculet_args)], args.out / "calculet-serve.log")
-    try:
-        wait_ready(calculet_url, calculet, args.out / "calculet-serve.log", args.ready_timeout)
-        calculet_run = bench(calculet_url, "calculet", args.out / "calculet", args,
-                             prompts=llama_run.parent / "prompts.jsonl")
-    finally:
-        stop(calculet)
-
-    table = compare_runs(llama_run, calculet_run)
-    (args.out / "compare.md").write_text(table + "\n", encoding="utf-8")
-    print(table)
+    if args.rounds > 1:
+        summary = rounds_table(runs)
+        (args.out / "rounds.md").write_text(summary + "\n", encoding="utf-8")
+        print("\n" + summary)
     return 0
+
+
+def rounds_table(runs: list[tuple[Path, Path]]) -> str:
+    """The headline ratios of every round and their median (B = calculet, A = llama.cpp)."""
+    columns = []  # (scenario, metric) in first-seen order
+    per_round = []
+    for llama_run, calculet_run in runs:
+        a = {s.scenario: s for s in summarize(read_records(llama_run))}
+        b = {s.scenario: s for s in summarize(read_records(calculet_run))}
+        ratios = {}
+        for name in a:
+            if name not in b:
+                continue
+            ratios[(name, "output tok/s")] = (b[name].output_token_throughput / a[name].output_token_throughput
+                                              if a[name].output_token_throughput else None)
+            ta, tb = a[name].ttft, b[name].ttft
+            ratios[(name, "TTFT p50")] = tb.p50 / ta.p50 if ta and tb and ta.p50 else None
+            columns += [key for key in ratios if key not in columns]
+        per_round.append(ratios)
+    head = "| round | " + " | ".join(f"{n} {m}" for n, m in columns) + " |"
+    lines = ["Ratios B/A per round (B = calculet, A = llama.cpp; output tok/s: higher is better, TTFT: lower).", "",
+             head, "|---" * (len(columns) + 1) + "|"]
+    for i, ratios in enumerate(per_round, 1):
+        lines.append(f"| {i} | " + " | ".join(_ratio(ratios.get(c)) for c in columns) + " |")
+    medians = [statistics.median([r[c] for r in per_round if r.get(c) is not None] or [float("nan")]) for c in columns]
+    lines.append("| **median** | " + " | ".join(f"**{m:.2f}×**" for m in medians) + " |")
+    return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
 
 
 if __name__ == "__main__":
