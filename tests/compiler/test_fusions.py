@@ -77,11 +77,12 @@ def test_packing_keeps_quantized_codes_identical(tiny_model_dir, tmp_path):
 
 
 def test_coarse_head_rescoring_equals_the_int8_head(tiny_model_dir, tmp_path):
-    """int4 candidates rescored from the int8 rows give the int8 head's tokens and top-K values."""
+    """int4 candidates rescored from the int8 rows give the int8 head's tokens and top-K values (the
+    graph leaves coarse logits; the runtime writes the exact candidates into the rows it hands out)."""
     on = _compile(tiny_model_dir("qwen3"), tmp_path, FUSIONS, weights="int8")
     off = _compile(tiny_model_dir("qwen3"), tmp_path, set(FUSIONS) - {"coarse-head"}, weights="int8")
     ops = _ops(on, "head_1")
-    assert ops["GatherBlockQuantized"] == 1 and ops["ScatterElements"] == 1 and ops["MatMulNBits"] == 1
+    assert ops["GatherBlockQuantized"] == 1 and ops["MatMulNBits"] == 1 and "ScatterElements" not in ops
     prompt = np.random.default_rng(8).integers(3, 300, size=13).tolist()
     a_tokens, a_logits = _greedy(on, prompt)
     b_tokens, b_logits = _greedy(off, prompt)

@@ -243,3 +243,25 @@ def test_stop_strings_and_min_tokens(make_engine):
     held, _, end = Call(engine, request(tok, "hi", 6, ignore_eos=False, min_tokens=3, stop_token_ids=(plain[0],))).result()
     assert held[0] != plain[0]                  # a stop token may not be sampled before min_tokens
     assert len(held) >= 3 and isinstance(end, RequestDone)
+
+
+def test_min_tokens_bans_from_the_candidates_like_from_the_full_row(make_engine):
+    """Before min_tokens, stop ids are banned. Greedy requests take that ban on the sampling head's
+    candidates (no vocabulary row fetched); with logprobs the same ban runs on the full row. Both
+    give the same tokens, and the banned id never appears before min_tokens."""
+    engine = make_engine()
+    tok = engine.tokenizer
+    ids = tok.encode_prompt("The quick brown fox")
+    free = Call(engine, request(tok, ids, 6)).result()[0]
+    banned = free[0]                                     # the token greedy would pick first
+    kw = dict(stop_token_ids=(banned,), min_tokens=6, ignore_eos=False)
+    asked = []
+    submit = engine.device.submit
+    engine.device.submit = lambda job: (asked.append(job.full_logits), submit(job))[1]
+    cheap = Call(engine, request(tok, ids, 6, **kw)).result()
+    assert asked and not any(asked)                      # every job of the greedy request: candidates only
+    asked.clear()
+    full = Call(engine, request(tok, ids, 6, logprobs=0, **kw)).result()
+    assert asked and all(asked)
+    assert isinstance(cheap[2], RequestDone) and isinstance(full[2], RequestDone)
+    assert cheap[0] == full[0] and banned not in cheap[0] and cheap[0] != free

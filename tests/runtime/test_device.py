@@ -171,3 +171,45 @@ def test_inner_prefill_chunk_skips_the_head(device):
     finally:
         device.lanes.free(a)
         device.lanes.free(b)
+
+
+def test_candidates_only_skips_the_row_copy(device):
+    """full_logits=False hands back the sampling head's candidates and no vocabulary row; the
+    candidates are the same either way."""
+    lanes = [device.lanes.allocate() for _ in range(2)]
+    try:
+        for lane in lanes:
+            device.run(PrefillJob(lane, (9, 10, 11), want_logits=False), 10)
+        cheap = device.run(DecodeJob(tuple(lanes), (12, 13), full_logits=False), 10)
+    finally:
+        for lane in lanes:
+            device.lanes.free(lane)
+    lanes = [device.lanes.allocate() for _ in range(2)]
+    try:
+        for lane in lanes:
+            device.run(PrefillJob(lane, (9, 10, 11), want_logits=False), 10)
+        full = device.run(DecodeJob(tuple(lanes), (12, 13)), 10)
+    finally:
+        for lane in lanes:
+            device.lanes.free(lane)
+    assert cheap.logits is None and full.logits.shape == (2, device.program.vocab_size)
+    assert np.array_equal(cheap.topk_ids, full.topk_ids) and np.array_equal(cheap.topk_values, full.topk_values)
+
+
+def test_coarse_head_rows_carry_the_exact_candidates(tiny_calbin):
+    """A coarse head's graph leaves coarse logits; the rows the runtime hands out hold the exact
+    (int8-rescored) value at every candidate id, so the row's top tokens are the candidates'."""
+    d = Device()
+    d.configure(d.load(tiny_calbin("qwen3", weights="int8")))
+    try:
+        lanes = [d.lanes.allocate() for _ in range(3)]
+        for i, lane in enumerate(lanes):
+            d.run(PrefillJob(lane, tuple(range(20 + i, 29 + i)), want_logits=False), 10)
+        r = d.run(DecodeJob(tuple(lanes), (7, 8, 9)), 10)
+    finally:
+        d.close()
+    assert "lm_head.coarse" in d.program.manifest.quantization["tensors"]
+    for row in range(3):
+        ids, values = r.topk_ids[row], r.topk_values[row]
+        assert np.array_equal(r.logits[row][ids], values)
+        assert ids[0] == int(np.argmax(r.logits[row]))

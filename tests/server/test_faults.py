@@ -14,7 +14,9 @@ import pytest
 
 @pytest.fixture(scope="module")
 def server(tiny_calbin, start_server):
-    return start_server(tiny_calbin("llama", lanes=8, context=128, chunks=(4, 16)), env={"CALCULET_FAULT": "decode:1"})
+    # one prefill chunk per step (the first chunk always runs), so the two requests reach the decode batch at different steps
+    return start_server(tiny_calbin("llama", lanes=8, context=128, chunks=(4, 16)), "--max-prefill-tokens", "1",
+                        env={"CALCULET_FAULT": "decode:1"})
 
 
 class HealthWatch:
@@ -41,8 +43,8 @@ class HealthWatch:
 
 
 def test_decode_failure_fails_only_its_batch_then_recovers(server):
-    """Prefill is one chunk per step, first come first served, so when the first decode step runs
-    exactly one request is decoding and the other is still waiting or prefilling: only the decoding
+    """Prefill is one chunk per step here (--max-prefill-tokens 1), first come first served, so when
+    the first decode step runs exactly one request is decoding and the other is still waiting or prefilling: only the decoding
     one may fail; the other is requeued (its lane was reset) and must complete normally."""
     client = server.client()
     ids = server.post("/tokenize", {"prompt": "The quick brown fox jumps over the lazy dog. " * 12}).json()["tokens"]

@@ -189,8 +189,12 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int) -> di
         cand   = TopK(coarse, K)                    [R, K]
         rows   = GatherBlockQuantized(W8, cand)     [R, K, H] exact int8 rows, dequantized
         exact  = rows . hidden                      [R, K]
-        logits = coarse with exact written at cand  [R, V]   exact on the candidates
         topk_values/ids = exact sorted              [R, K]
+        logits = coarse                             [R, V]
+
+    The graph leaves the coarse values in `logits`: a full row is only fetched when the host samples
+    from it, and the runtime then writes the K exact values in at their ids (see Device._fetch), so
+    no step pays a [R, V] scatter and copy for rows that only need their candidates.
     """
     q = g.weights.quant(head)
     if rows_n > 1 and "lm_head.coarse8.weight" in g.weights:
@@ -207,8 +211,7 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int) -> di
     h = g.op("Unsqueeze", ["hidden", g.const([2])], name="/lm_head/rescore/Hidden")              # [R, H, 1]
     exact = g.op("Squeeze", [g.op("MatMul", [rows, h], name="/lm_head/rescore/MatMul"), g.const([2])],
                  name="/lm_head/rescore/Squeeze")                                                # [R, K]
-    logits = g.op("ScatterElements", [coarse, cand, exact], name="/lm_head/rescore/Scatter", axis=1)
     values, order = g.op("TopK", [exact, g.const([topk])], name="/sampling_head/TopK", n_out=2, axis=-1,
                          largest=1, sorted=1)
     ids = g.op("GatherElements", [cand, order], name="/sampling_head/Ids", axis=1)
-    return {"logits": logits, "topk_values": values, "topk_ids": ids}
+    return {"logits": coarse, "topk_values": values, "topk_ids": ids}

@@ -233,10 +233,12 @@ class Engine:
     def _run(self, plan: StepPlan) -> StepResults | None:
         jobs = []  # (kind, job, seqs, prefill work or None); the device runs them in this order
         for work in plan.prefill:  # only a prompt's last chunk needs logits: inner chunks skip the lm_head
-            jobs.append(("prefill", PrefillJob(work.seq.lane, work.tokens, want_logits=work.last), [work.seq], work))
+            job = PrefillJob(work.seq.lane, work.tokens, want_logits=work.last, full_logits=self._needs_full_logits(work.seq))
+            jobs.append(("prefill", job, [work.seq], work))
         if plan.decode:
-            jobs.append(("decode", DecodeJob(tuple(s.lane for s in plan.decode), tuple(s.output_ids[-1] for s in plan.decode)),
-                         list(plan.decode), None))
+            job = DecodeJob(tuple(s.lane for s in plan.decode), tuple(s.output_ids[-1] for s in plan.decode),
+                            full_logits=any(self._needs_full_logits(s) for s in plan.decode))
+            jobs.append(("decode", job, list(plan.decode), None))
         handles, failures = [], []
         for kind, job, seqs, work in jobs:
             try:
@@ -268,6 +270,23 @@ class Engine:
             self.observer.job("decode", results.decode.timings, len(plan.decode))
         return results
 
+    def _banned(self, seq: Sequence) -> tuple[int, ...]:
+        """Token ids the sequence may not sample yet (end-of-sequence and stop ids before min_tokens)."""
+        req = seq.state.request
+        if len(seq.output_ids) >= req.min_tokens:
+            return ()
+        vocab = self.device.program.vocab_size
+        return tuple(t for t in (*self.tokenizer.eos_ids, *req.stop_token_ids) if 0 <= t < vocab)
+
+    def _candidates_suffice(self, seq: Sequence) -> bool:
+        """Whether the sampling head's K candidates, less any banned ids among them, give exactly the
+        token a full-row sample would: greedy or top-k <= what is left, no penalties, no logprobs."""
+        k = self.device.program.candidates - len(self._banned(seq))
+        return k >= 1 and seq.state.request.logprobs is None and seq.sampler.uses_candidates(k)
+
+    def _needs_full_logits(self, seq: Sequence) -> bool:
+        return not self._candidates_suffice(seq)
+
     # --- sample: one token per sequence that has logits -----------------------------------
     def _sample(self, plan: StepPlan, results: StepResults) -> list[Sample]:
         t0 = time.perf_counter()
@@ -287,16 +306,19 @@ class Engine:
 
     def _sample_one(self, seq: Sequence, result: JobResult, row: int) -> Sample:
         req = seq.state.request
-        logits = result.logits[row]
-        masked = logits
+        logits = result.logits[row] if result.logits is not None else None   # None: the candidates suffice
+        banned = self._banned(seq)
         candidates = None
-        if len(seq.output_ids) < req.min_tokens:  # min_tokens: the sequence may not end yet
-            banned = [t for t in (*self.tokenizer.eos_ids, *req.stop_token_ids) if 0 <= t < logits.size]
+        if result.topk_ids is not None and self._candidates_suffice(seq):
+            ids, values = result.topk_ids[row], result.topk_values[row]
             if banned:
-                masked = logits.copy()
-                masked[banned] = -np.inf
-        elif result.topk_ids is not None:  # the on-graph sampling head's candidates, when they suffice
-            candidates = (result.topk_ids[row], result.topk_values[row])
+                keep = ~np.isin(ids, banned)
+                ids, values = ids[keep], values[keep]
+            candidates = (ids, values)
+        masked = logits
+        if banned and logits is not None and candidates is None:
+            masked = logits.copy()
+            masked[list(banned)] = -np.inf
         token = seq.sampler.sample(masked, candidates)
         lp = token_logprob(logits, token, req.logprobs) if req.logprobs is not None else None
         return Sample(seq, token, lp)

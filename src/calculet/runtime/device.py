@@ -67,7 +67,7 @@ class Device:
                 self._prefill(PrefillJob(taken[0], (0,) * g.tokens), 0.0)
                 lanes.clear(taken[0])
             for g in program.decode_graphs:
-                self._decode(tuple(taken[: g.lanes]), (0,) * g.lanes, 0.0)
+                self._decode(tuple(taken[: g.lanes]), (0,) * g.lanes, 0.0, full_logits=True)
         finally:
             lanes.reset_all()
 
@@ -142,7 +142,7 @@ class Device:
             raise DeviceError("injected_fault", f"injected {job.kind} failure ({self.faults.kind}:{self.faults.after})")
         if isinstance(job, PrefillJob):
             return self._prefill(job, queued)
-        return self._decode(job.lanes, job.tokens, queued)
+        return self._decode(job.lanes, job.tokens, queued, job.full_logits)
 
     def _prefill(self, job: PrefillJob, queued: float) -> JobResult:
         lanes, program = self.lanes, self.program
@@ -152,7 +152,7 @@ class Device:
         size = graph_for(n, start, program.chunk_sizes, context)
         if size is None:
             if n == 1:  # at the very end of the context only the decode graph's single-token write fits
-                return self._decode((job.lane,), job.tokens, queued)
+                return self._decode((job.lane,), job.tokens, queued, job.full_logits)
             raise RequestError("chunk_does_not_fit", f"{n} tokens at position {start} fit no prefill graph "
                                f"(chunks {program.chunk_sizes}, context {context}); split them with plan_chunks")
         t0 = time.perf_counter()
@@ -169,13 +169,13 @@ class Device:
             lanes.write_new([job.lane], [start], [n], b.new_kv["new_keys"], b.new_kv["new_values"])
         t2 = time.perf_counter()
         if job.want_logits:
-            result = self._fetch(b.head, [0], queued, t1 - t0, t2 - t1, t2, f"prefill_{size}", size)
+            result = self._fetch(b.head, [0], job.full_logits, queued, t1 - t0, t2 - t1, t2, f"prefill_{size}", size)
         else:
             result = JobResult(None, PhaseTimings(queued, t1 - t0, t2 - t1, 0.0, f"prefill_{size}", size))
         lanes.advance(job.lane, n)
         return result
 
-    def _decode(self, job_lanes: tuple[int, ...], tokens: tuple[int, ...], queued: float) -> JobResult:
+    def _decode(self, job_lanes: tuple[int, ...], tokens: tuple[int, ...], queued: float, full_logits: bool) -> JobResult:
         lanes, context = self.lanes, self.lanes.context
         for lane in job_lanes:
             if lanes.length(lane) >= context:
@@ -198,18 +198,25 @@ class Device:
             lanes.write_new(rows, [lanes.length(lane) for lane in rows], [1] * len(rows),
                             b.new_kv["new_keys"][:, rows], b.new_kv["new_values"][:, rows])
         t2 = time.perf_counter()
-        result = self._fetch(b.head, rows, queued, t1 - t0, t2 - t1, t2, graph.name, graph.lanes)
+        result = self._fetch(b.head, rows, full_logits, queued, t1 - t0, t2 - t1, t2, graph.name, graph.lanes)
         for lane in job_lanes:
             lanes.advance(lane, 1)
         return result
 
-    def _fetch(self, head: HeadBinding, rows: list[int], queued: float, prep: float, infer: float, t_done: float,
-               graph: str, computed: int) -> JobResult:
-        """Copy this job's rows out of the head's output buffers (the next job reuses them)."""
+    def _fetch(self, head: HeadBinding, rows: list[int], full_logits: bool, queued: float, prep: float, infer: float,
+               t_done: float, graph: str, computed: int) -> JobResult:
+        """Copy this job's rows out of the head's output buffers (the next job reuses them).
+
+        With a sampling head, full rows are copied only when asked for, and the head's exact candidate
+        values are written into them: a coarse head leaves coarse values in its logits output."""
         out = head.outputs
-        logits = out["logits"][rows]
         topk_ids = out["topk_ids"][rows] if "topk_ids" in out else None
         topk_values = out["topk_values"][rows] if "topk_values" in out else None
+        logits = None
+        if full_logits or topk_ids is None:
+            logits = out["logits"][rows]
+            if topk_ids is not None:
+                np.put_along_axis(logits, topk_ids, topk_values, axis=1)
         fetch = time.perf_counter() - t_done
         return JobResult(logits, PhaseTimings(queued, prep, infer, fetch, graph, computed), topk_ids, topk_values)
 

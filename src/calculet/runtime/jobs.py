@@ -19,6 +19,7 @@ class PrefillJob:
     lane: int
     tokens: tuple[int, ...]     # appended at the lane's current length
     want_logits: bool = True    # False for a prompt's inner chunks: only the KV matters, the head is skipped
+    full_logits: bool = True    # False: only the sampling head's candidates come back (when the graph has them)
     kind: str = "prefill"
 
     def __post_init__(self):
@@ -29,6 +30,7 @@ class PrefillJob:
 class DecodeJob:
     lanes: tuple[int, ...]      # distinct lanes, each gets one token
     tokens: tuple[int, ...]
+    full_logits: bool = True    # False: only the sampling head's candidates come back (when the graph has them)
     kind: str = "decode"
 
     def __post_init__(self):

@@ -93,6 +93,12 @@ class Program:
         return int(self.manifest.model["hyperparameters"]["vocab_size"])
 
     @property
+    def candidates(self) -> int:
+        """K of the on-graph sampling head's top-K outputs (0: the heads return full logits only)."""
+        head = next(iter(self.head_graphs.values()))
+        return next((t.shape[1] for t in head.outputs if t.name == "topk_ids"), 0)
+
+    @property
     def chunk_sizes(self) -> tuple[int, ...]:
         return tuple(g.tokens for g in self.prefill_graphs)
 
