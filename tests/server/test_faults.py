@@ -44,8 +44,9 @@ class HealthWatch:
 
 def test_decode_failure_fails_only_its_batch_then_recovers(server):
     """Prefill is one chunk per step here (--max-prefill-tokens 1), first come first served, so when
-    the first decode step runs exactly one request is decoding and the other is still waiting or prefilling: only the decoding
-    one may fail; the other is requeued (its lane was reset) and must complete normally."""
+    the first decode step runs exactly one request is decoding and the other is still waiting or
+    prefilling: only the decoding one may fail; the other is requeued (its lane was reset) and must
+    complete normally."""
     client = server.client()
     ids = server.post("/tokenize", {"prompt": "The quick brown fox jumps over the lazy dog. " * 12}).json()["tokens"]
     prompts = {"short": "Paris is", "long": ids[:90]}
