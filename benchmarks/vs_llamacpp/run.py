@@ -1,15 +1,16 @@
-"""Calculet against llama.cpp's llama-server: the same GGUF, threads, slots and scenario; one ratio table.
+"""Calculet against llama.cpp's llama-server: the same GGUF, threads, slots and scenario; ratio tables.
 
-    python benchmarks/vs_llamacpp/run.py                       # both servers (calculet when `serve` exists)
+    python benchmarks/vs_llamacpp/run.py                       # both servers, 3 alternating rounds
     python benchmarks/vs_llamacpp/run.py --llama-only          # llama-server alone
-    python benchmarks/vs_llamacpp/run.py --concurrency 1,8 --prompt-tokens 200 --output-tokens 128 --requests 8
+    python benchmarks/vs_llamacpp/run.py --concurrency 1,8 --prompt-tokens 200 --output-tokens 128 --requests 8 --rounds 5
 
 Steps: find or build llama-server (build_llama_server.py, cached outside the repo); start it on the
-default model's GGUF with `--threads/--threads-batch T --parallel S`; run the scenario with
-`calculet.bench` (prompts of exact length by llama-server's own tokenizer); start `calculet serve`
-with the same thread count and send it the very same prompts (the first run's prompts.jsonl); write a
-report per server and print the B/A table (B = calculet, A = llama.cpp). The model name each server
-expects is read from its /v1/models, never assumed.
+default model's GGUF with `--threads/--threads-batch T --parallel S`, and `calculet serve` with the
+same thread count; then, per round, run the scenario on llama-server with `calculet.bench` (prompts
+of exact length by llama-server's own tokenizer, new ones every round) and send calculet the very
+same prompts (that run's prompts.jsonl); write a report per server and round, print each round's
+B/A table (B = calculet, A = llama.cpp) and the per-round headline ratios with their median. The
+model name each server expects is read from its /v1/models, never assumed.
 """
 
 from __future__ import annotations
