@@ -10,18 +10,20 @@ from calculet.calbin.manifest import read_manifest
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import CompileOptions
 from calculet.engine.generate import generate
+from calculet.engine.golden_runner import golden_fns
 from calculet.engine.sampler import SamplingParams
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.errors import RequestError
+from calculet.reference.golden import check_against_golden, read_golden
 from calculet.runtime.device import Device
 from decoding import greedy_together
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
 
 
-def _portable(model_dir, tmp_path, weights="fp32", lanes=3):
+def _portable(model_dir, tmp_path, weights="fp32", lanes=3, golden=False):
     out = tmp_path / f"portable-{weights}.calbin"
-    options = CompileOptions(lanes=lanes, context=64, prefill_chunks=(4, 16), golden=False, weights=weights,
+    options = CompileOptions(lanes=lanes, context=64, prefill_chunks=(4, 16), golden=golden, weights=weights,
                              target="portable")
     return compile_calbin(str(model_dir), out, options, log=lambda _m: None)
 
@@ -90,4 +92,26 @@ def test_portable_int8_weights_via_dequantize_linear(tiny_model_dir, tmp_path):
 def test_portable_rejects_contrib_only_policies(tiny_model_dir, tmp_path):
     with pytest.raises(RequestError) as e:
         CompileOptions(target="portable", weights="w8a8")
-    assert "supports --weights fp32 or int8" in str(e.value)
+    assert "supports --weights fp32 or fp16 or int8" in str(e.value)
+
+
+def test_portable_fp16_weights_standard_ops_and_reference_tokens(tiny_model_dir, tmp_path):
+    """fp16 weights on the portable target: standard ops only (MatMul/Gemm in half precision between
+    Casts), and the greedy tokens of the tiny model equal the fp32 reference's."""
+    path = _portable(tiny_model_dir("gemma3"), tmp_path, weights="fp16", golden=True)
+    domains, ops = set(), set()
+    for g in read_manifest(path).graphs:
+        for n in onnx.load(str(path / g["file"]), load_external_data=False).graph.node:
+            domains.add(n.domain)
+            ops.add(n.op_type)
+    assert domains <= {"", "ai.onnx"} and "Cast" in ops
+    tensors = read_manifest(path).quantization["tensors"]
+    assert tensors["model.embed_tokens.weight"]["kind"] == "fp16"
+    d = Device()
+    d.configure(d.load(path))
+    try:
+        run_fn, forced_fn = golden_fns(d)
+        report = check_against_golden(read_golden(path), run_fn, forced_fn=forced_fn)
+    finally:
+        d.close()
+    assert report.passed, report.summary()

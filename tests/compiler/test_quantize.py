@@ -55,21 +55,22 @@ def test_int4_error_bounded_by_half_a_step():
 def test_bad_policy_and_block_are_rejected():
     with pytest.raises(RequestError) as e:
         policy_table("int3")
-    assert "supported: default, fp32, int8, w8a8, int4, w4a8" in str(e.value)
+    assert "supported: default, fp32, fp16, int8, w8a8, int4, w4a8" in str(e.value)
     with pytest.raises(RequestError) as e:
         policy_table("int4", block=24)
     assert "allowed: 16, 32, 64, 128, 256" in str(e.value)
 
 
-@pytest.mark.parametrize("policy", ["fp32", "int8", "w8a8", "int4", "w4a8", "default"])
+@pytest.mark.parametrize("policy", ["fp32", "fp16", "int8", "w8a8", "int4", "w4a8", "default"])
 def test_policy_passes_numerics_on_tiny_model(policy, tiny_calbin):
     path = tiny_calbin("llama", golden=True, weights=policy)
     manifest = read_manifest(path)
     tensors = manifest.quantization["tensors"]
     kinds = {v["kind"] for name, v in tensors.items() if name != "lm_head.coarse"}
-    if policy not in ("fp32", "w4a8"):  # an int8 lm_head gets an int4 candidate copy (the coarse-head pass)
+    if policy not in ("fp32", "fp16", "w4a8"):  # an int8 lm_head gets an int4 candidate copy (the coarse-head pass)
         assert tensors["lm_head.coarse"]["kind"] == "int4"
-    expected = {"fp32": {"fp32"}, "int4": {"fp32", "int4", "int8"}, "w4a8": {"fp32", "int4"}}.get(policy, {"fp32", "int8"})
+    expected = {"fp32": {"fp32"}, "fp16": {"fp32", "fp16"}, "int4": {"fp32", "int4", "int8"},
+                "w4a8": {"fp32", "int4"}}.get(policy, {"fp32", "int8"})
     assert kinds == expected
     assert manifest.golden["thresholds"] == golden_thresholds(policy).__dict__
     device = Device()

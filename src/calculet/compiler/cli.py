@@ -15,10 +15,11 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-chunks", default="16,128", help="comma-separated prefill chunk sizes")
     p.add_argument("--target", default="cpu",
                    help="cpu (ONNX Runtime contrib ops: fused attention with in-place KV, int8 kernels) or "
-                        "portable (standard ONNX ops only, for NPU execution providers; --weights fp32 or int8)")
+                        "portable (standard ONNX ops only, for NPU execution providers; --weights fp32, fp16 or int8)")
     p.add_argument("--weights", default="default",
                    help="weight policy: default (int8 projections/lm_head/embedding with int8 compute, fp32 norms), "
-                        "fp32, int8 (weight-only), w8a8, int4 (weight-only)")
+                        "fp32, fp16 (half-precision weights and matmuls), int8 (weight-only), w8a8, int4 (weight-only), "
+                        "w4a8")
     p.add_argument("--block-size", type=int, default=32, help="quantization block size along K (16..256, power of two)")
     p.add_argument("--decode-lanes", default="1", help="extra decode batch sizes besides --lanes (comma-separated)")
     p.add_argument("--fuse", action="append", metavar="NAME", help="enable a fusion pass (default: all)")

@@ -62,7 +62,8 @@ def embedding(g: GraphBuilder, weight: str, ids: str, scope: str) -> str:
     """Rows of the embedding table for ids [L, S] -> [L, S, H] (int8 codes dequantized on the fly)."""
     q = g.weights.quant(weight)
     if q is None:
-        return g.op("Gather", [g.weight(weight), ids], name=f"{scope}/Gather", axis=0)
+        rows = g.op("Gather", [g.weight(weight), ids], name=f"{scope}/Gather", axis=0)
+        return _to_float(g, rows, weight, scope)
     return g.op("GatherBlockQuantized", [g.weight(f"{weight}.gather_codes"), ids, g.weight(f"{weight}.qscales")],
                 name=f"{scope}/GatherBlockQuantized", domain=MS_DOMAIN, bits=q.bits, block_size=q.block,
                 gather_axis=0, quantize_axis=1)
@@ -77,11 +78,22 @@ def linear(g: GraphBuilder, x: str, weight: str, scope: str, bias: str | None = 
         y = g.op("MatMulNBits", [x, g.weight(f"{weight}.qcodes"), g.weight(f"{weight}.qscales")],
                  name=f"{scope}/MatMulNBits", domain=MS_DOMAIN, K=q.k, N=q.n, bits=q.bits,
                  block_size=q.block, accuracy_level=q.accuracy_level)
+    elif is_half(g, weight):  # fp16 weights: the matmul runs in half precision, the stream stays fp32
+        x16 = g.op("Cast", [x], name=f"{scope}/CastToHalf", to=10)
+        y = g.op("Cast", [g.op("MatMul", [x16, g.weight(weight)], name=f"{scope}/MatMul")], name=f"{scope}/CastToFloat", to=1)
     else:
         y = g.op("MatMul", [x, g.weight(weight)], name=f"{scope}/MatMul")
     if bias is not None:
         y = g.op("Add", [y, g.weight(bias)], name=f"{scope}/BiasAdd")
     return y
+
+
+def is_half(g: GraphBuilder, weight: str) -> bool:
+    return weight in g.weights and g.weights.entry(weight).dtype == "float16"
+
+
+def _to_float(g: GraphBuilder, x: str, weight: str, scope: str) -> str:
+    return g.op("Cast", [x], name=f"{scope}/CastToFloat", to=1) if is_half(g, weight) else x
 
 
 def _dequantized_matmul(g: GraphBuilder, x: str, weight: str, q, scope: str) -> str:

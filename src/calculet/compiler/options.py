@@ -8,7 +8,7 @@ from calculet.compiler.quantize import WEIGHT_POLICIES, policy_table
 from calculet.errors import RequestError
 
 TARGETS = ("cpu", "portable")
-PORTABLE_POLICIES = ("fp32", "int8")
+PORTABLE_POLICIES = ("fp32", "fp16", "int8")
 # Fusion passes, each switchable for A/B runs (--no-fuse NAME):
 #   sampling-head  TopK on the logits inside the head graph (host reads K candidates, not the vocabulary)
 #   skip-norm      residual Add + RMSNorm -> SkipSimplifiedLayerNormalization
@@ -66,7 +66,7 @@ class CompileOptions:
         policy_table(self.weights, self.block_size)  # validates the block size
         if self.target == "portable" and self.weights not in PORTABLE_POLICIES:
             raise RequestError("bad_option", f"--target portable supports --weights {' or '.join(PORTABLE_POLICIES)} "
-                               f"(standard ONNX: fp32, or int8 via DequantizeLinear); got {self.weights!r}")
+                               f"(standard ONNX: fp32, fp16, or int8 via DequantizeLinear); got {self.weights!r}")
         for n in self.decode_lanes:
             if not 1 <= n <= self.lanes:
                 raise RequestError("bad_option", f"--decode-lanes: {n} must be in 1..lanes ({self.lanes})")
