@@ -91,6 +91,8 @@ class Engine:
         self.observer = observer or EngineObserver()
         self.lanes = device.lanes
         self.context = device.lanes.context
+        self.vocab_size = device.program.vocab_size
+        self.candidates = device.program.candidates   # K of the on-graph sampling head, 0 without one
         self.scheduler = Scheduler(device.lanes, device.program.chunk_sizes, self.config.max_prefill_tokens)
         self.state = "ready"
         self._cond = threading.Condition()
@@ -132,7 +134,7 @@ class Engine:
         if request.n > self.lanes.count:
             raise RequestError("invalid_parameter", f"n={request.n} is out of range; allowed: 1 <= n <= {self.lanes.count} "
                                f"(each choice needs its own lane)")
-        vocab = self.device.program.vocab_size
+        vocab = self.vocab_size
         for name, ids in (("prompt", request.prompt_ids), ("stop_token_ids", request.stop_token_ids)):
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
@@ -233,11 +235,12 @@ class Engine:
     def _run(self, plan: StepPlan) -> StepResults | None:
         jobs = []  # (kind, job, seqs, prefill work or None); the device runs them in this order
         for work in plan.prefill:  # only a prompt's last chunk needs logits: inner chunks skip the lm_head
-            job = PrefillJob(work.seq.lane, work.tokens, want_logits=work.last, full_logits=self._needs_full_logits(work.seq))
+            full = not self._candidates_suffice(work.seq, self._banned(work.seq))
+            job = PrefillJob(work.seq.lane, work.tokens, want_logits=work.last, full_logits=full)
             jobs.append(("prefill", job, [work.seq], work))
         if plan.decode:
             job = DecodeJob(tuple(s.lane for s in plan.decode), tuple(s.output_ids[-1] for s in plan.decode),
-                            full_logits=any(self._needs_full_logits(s) for s in plan.decode))
+                            full_logits=not all(self._candidates_suffice(s, self._banned(s)) for s in plan.decode))
             jobs.append(("decode", job, list(plan.decode), None))
         handles, failures = [], []
         for kind, job, seqs, work in jobs:
@@ -275,17 +278,13 @@ class Engine:
         req = seq.state.request
         if len(seq.output_ids) >= req.min_tokens:
             return ()
-        vocab = self.device.program.vocab_size
-        return tuple(t for t in (*self.tokenizer.eos_ids, *req.stop_token_ids) if 0 <= t < vocab)
+        return tuple(t for t in (*self.tokenizer.eos_ids, *req.stop_token_ids) if 0 <= t < self.vocab_size)
 
-    def _candidates_suffice(self, seq: Sequence) -> bool:
+    def _candidates_suffice(self, seq: Sequence, banned: tuple[int, ...]) -> bool:
         """Whether the sampling head's K candidates, less any banned ids among them, give exactly the
         token a full-row sample would: greedy or top-k <= what is left, no penalties, no logprobs."""
-        k = self.device.program.candidates - len(self._banned(seq))
+        k = self.candidates - len(banned)
         return k >= 1 and seq.state.request.logprobs is None and seq.sampler.uses_candidates(k)
-
-    def _needs_full_logits(self, seq: Sequence) -> bool:
-        return not self._candidates_suffice(seq)
 
     # --- sample: one token per sequence that has logits -----------------------------------
     def _sample(self, plan: StepPlan, results: StepResults) -> list[Sample]:
@@ -309,14 +308,14 @@ class Engine:
         logits = result.logits[row] if result.logits is not None else None   # None: the candidates suffice
         banned = self._banned(seq)
         candidates = None
-        if result.topk_ids is not None and self._candidates_suffice(seq):
+        if result.topk_ids is not None and self._candidates_suffice(seq, banned):
             ids, values = result.topk_ids[row], result.topk_values[row]
             if banned:
                 keep = ~np.isin(ids, banned)
                 ids, values = ids[keep], values[keep]
             candidates = (ids, values)
         masked = logits
-        if banned and logits is not None and candidates is None:
+        if banned and candidates is None:  # the job fetched the full row for this sequence
             masked = logits.copy()
             masked[list(banned)] = -np.inf
         token = seq.sampler.sample(masked, candidates)
