@@ -172,9 +172,7 @@ def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, st
     if g.weights.quant(head) is not None:
         logits = layers.linear(g, "hidden", head, "/lm_head")                                  # [R, V]
     elif layers.is_half(g, head):
-        h16 = g.op("Cast", ["hidden"], name="/lm_head/CastToHalf", to=10)
-        logits = g.op("Cast", [g.op("Gemm", [h16, g.weight(head)], name="/lm_head/Gemm", transB=1)],
-                      name="/lm_head/CastToFloat", to=1)                                          # [R, V]
+        logits = layers.half_product(g, "Gemm", "hidden", head, "/lm_head", transB=1)            # [R, V]
     else:
         logits = g.op("Gemm", ["hidden", g.weight(head)], name="/lm_head/Gemm", transB=1)      # [R, V]
     out = {"logits": logits}

@@ -78,9 +78,8 @@ def linear(g: GraphBuilder, x: str, weight: str, scope: str, bias: str | None = 
         y = g.op("MatMulNBits", [x, g.weight(f"{weight}.qcodes"), g.weight(f"{weight}.qscales")],
                  name=f"{scope}/MatMulNBits", domain=MS_DOMAIN, K=q.k, N=q.n, bits=q.bits,
                  block_size=q.block, accuracy_level=q.accuracy_level)
-    elif is_half(g, weight):  # fp16 weights: the matmul runs in half precision, the stream stays fp32
-        x16 = g.op("Cast", [x], name=f"{scope}/CastToHalf", to=10)
-        y = g.op("Cast", [g.op("MatMul", [x16, g.weight(weight)], name=f"{scope}/MatMul")], name=f"{scope}/CastToFloat", to=1)
+    elif is_half(g, weight):
+        y = half_product(g, "MatMul", x, weight, scope)
     else:
         y = g.op("MatMul", [x, g.weight(weight)], name=f"{scope}/MatMul")
     if bias is not None:
@@ -90,6 +89,14 @@ def linear(g: GraphBuilder, x: str, weight: str, scope: str, bias: str | None = 
 
 def is_half(g: GraphBuilder, weight: str) -> bool:
     return weight in g.weights and g.weights.entry(weight).dtype == "float16"
+
+
+def half_product(g: GraphBuilder, op_type: str, x: str, weight: str, scope: str, **attrs) -> str:
+    """fp32 x times an fp16 weight (MatMul or Gemm) in half precision; the result is fp32 again, so
+    the stream around it stays fp32."""
+    x16 = g.op("Cast", [x], name=f"{scope}/CastToHalf", to=10)
+    y = g.op(op_type, [x16, g.weight(weight)], name=f"{scope}/{op_type}", **attrs)
+    return g.op("Cast", [y], name=f"{scope}/CastToFloat", to=1)
 
 
 def _to_float(g: GraphBuilder, x: str, weight: str, scope: str) -> str:

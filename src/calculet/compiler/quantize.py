@@ -223,7 +223,7 @@ def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, p
     for name, array in _packed(family.prepare_weights(spec, tensors), fusions):
         cls = module_class(name)
         fmt = table.get(cls, FP32)
-        if fmt.kind == "fp16" and cls in ("attention", "mlp", "lm_head", "embedding"):
+        if fmt.kind == "fp16":
             _put_half(spec, store, record, name, array, cls, table)
         elif cls == "embedding":
             head_fmt = table.get("lm_head", FP32)
