@@ -10,11 +10,11 @@ from calculet.calbin.manifest import read_manifest
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import CompileOptions
 from calculet.engine.generate import generate
-from calculet.engine.golden_runner import golden_fns
+from calculet.engine.golden_runner import check_calbin
 from calculet.engine.sampler import SamplingParams
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.errors import RequestError
-from calculet.reference.golden import check_against_golden, read_golden
+from calculet.reference.golden import read_golden
 from calculet.runtime.device import Device
 from decoding import greedy_together
 
@@ -104,14 +104,8 @@ def test_portable_fp16_weights_standard_ops_and_reference_tokens(tiny_model_dir,
         for n in onnx.load(str(path / g["file"]), load_external_data=False).graph.node:
             domains.add(n.domain)
             ops.add(n.op_type)
-    assert domains <= {"", "ai.onnx"} and "Cast" in ops
+    assert domains <= STANDARD_DOMAINS and "Cast" in ops
     tensors = read_manifest(path).quantization["tensors"]
     assert tensors["model.embed_tokens.weight"]["kind"] == "fp16"
-    d = Device()
-    d.configure(d.load(path))
-    try:
-        run_fn, forced_fn = golden_fns(d)
-        report = check_against_golden(read_golden(path), run_fn, forced_fn=forced_fn)
-    finally:
-        d.close()
+    report = check_calbin(path, read_golden(path))
     assert report.passed, report.summary()

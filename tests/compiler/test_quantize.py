@@ -9,10 +9,9 @@ import pytest
 from calculet.calbin.manifest import read_manifest
 from calculet.compiler.compile import golden_thresholds
 from calculet.compiler.quantize import QuantFormat, policy_table, quantize, quantize_best_block
-from calculet.engine.golden_runner import golden_fns
+from calculet.engine.golden_runner import check_calbin
 from calculet.errors import RequestError
-from calculet.reference.golden import check_against_golden, read_golden
-from calculet.runtime.device import Device
+from calculet.reference.golden import read_golden
 
 
 def test_int8_is_exact_on_gguf_style_grids():
@@ -73,12 +72,6 @@ def test_policy_passes_numerics_on_tiny_model(policy, tiny_calbin):
                 "w4a8": {"fp32", "int4"}}.get(policy, {"fp32", "int8"})
     assert kinds == expected
     assert manifest.golden["thresholds"] == golden_thresholds(policy).__dict__
-    device = Device()
-    device.configure(device.load(path))
-    try:
-        run_fn, forced_fn = golden_fns(device)
-        report = check_against_golden(read_golden(path), run_fn, forced_fn=forced_fn)
-    finally:
-        device.close()
+    report = check_calbin(path, read_golden(path))
     assert report.passed, report.summary()
     assert report.forced_agreement >= (0.7 if policy in ("int4", "w4a8") else 0.9)

@@ -3,6 +3,7 @@
     golden/golden.json ── read_golden ──▶ check_against_golden(golden, run_fn, forced_fn=...) ──▶ F.greedy / F.topk /
                                                                                              F.cosine / F.max_abs_error / F.forced
     run_fn, forced_fn = engine.golden_runner.golden_fns(Device(cpu)): free-running and teacher-forced greedy
+    (engine.golden_runner.check_calbin opens the device and runs the whole check)
 
 Thresholds are golden.json's (a quantized policy states looser ones when it is compiled); the
 manifest may repeat them under `golden.thresholds`, and then the two must agree, so neither can be
@@ -32,8 +33,9 @@ METRICS = ((GREEDY, "greedy_agreement", ">="), (TOPK, "topk_overlap", ">="), (CO
 
 
 def run(ctx: GateContext) -> list[Check]:
+    from calculet.engine.golden_runner import check_calbin
     from calculet.errors import CalculetError
-    from calculet.reference.golden import GOLDEN_FILE, Thresholds, check_against_golden, read_golden
+    from calculet.reference.golden import GOLDEN_FILE, Thresholds, read_golden
 
     if not ctx.options.numerics:
         return [r.skip("not run in fast mode") for r in RULES]
@@ -53,7 +55,7 @@ def run(ctx: GateContext) -> list[Check]:
     if problems:
         return checks + [r.skip("the golden thresholds are in doubt (F.golden)") for r in RULES[2:]]
     try:
-        report = _run_golden(ctx, golden, thresholds, check_against_golden)
+        report = check_calbin(ctx.folder, golden, thresholds)
     except CalculetError as exc:
         return checks + [RUN.check([f"{exc.code}: {exc.message}"], "")] + [r.skip("the runtime did not finish") for r in RULES[3:]]
     checks.append(RUN.check([], f"{len(report.prompts)} prompts ran"))
@@ -113,17 +115,3 @@ def _source_problems(ctx: GateContext, golden) -> list[str]:
     if source.get("sha256") and golden.source.source_sha256 != source.get("sha256"):
         problems.append(f"golden was made from source {golden.source.source_sha256[:12]}…, this calbin from {str(source.get('sha256'))[:12]}…")
     return problems
-
-
-def _run_golden(ctx: GateContext, golden, thresholds, check_against_golden):
-    from calculet.engine.golden_runner import golden_fns
-    from calculet.runtime.device import Device
-    from calculet.runtime.program import DeviceConfig
-
-    device = Device(DeviceConfig("cpu"))
-    try:
-        device.configure(device.load(ctx.folder))
-        run_fn, forced_fn = golden_fns(device)
-        return check_against_golden(golden, run_fn, thresholds, forced_fn=forced_fn)
-    finally:
-        device.close()
