@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from calculet.engine.engine import EngineConfig
 from calculet.errors import RequestError
 
 
@@ -23,12 +24,7 @@ class ServerConfig:
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
             raise RequestError("bad_option", f"--port must be in 0..65535, got {self.port}")
-        if self.max_queue < 0:
-            raise RequestError("bad_option", f"--max-queue must be >= 0, got {self.max_queue}")
-        if self.max_prefill_tokens < 1:
-            raise RequestError("bad_option", f"--max-prefill-tokens must be >= 1, got {self.max_prefill_tokens}")
-        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
-            raise RequestError("bad_option", f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}")
+        self.engine_config()  # the engine checks its own options
         if self.threads < 0:
             raise RequestError("bad_option", f"--threads must be >= 0 (0 = all cores), got {self.threads}")
         if self.api_key is not None and not self.api_key.strip():
@@ -41,6 +37,11 @@ class ServerConfig:
         return (f"ServerConfig(model={self.model!r}, host={self.host!r}, port={self.port}, api_key={key}, "
                 f"max_queue={self.max_queue}, max_prefill_tokens={self.max_prefill_tokens}, request_timeout_s={self.request_timeout_s}, "
                 f"served_model_name={self.served_model_name!r}, threads={self.threads})")
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's share of the options (validated by EngineConfig itself)."""
+        return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
+                            request_timeout_s=self.request_timeout_s)
 
     @property
     def url(self) -> str:

@@ -51,7 +51,7 @@ class ModelHost:
         from calculet.cache import ensure_calbin
         from calculet.compiler.options import CompileOptions
         from calculet.engine.chat import ChatTemplate
-        from calculet.engine.engine import Engine, EngineConfig
+        from calculet.engine.engine import Engine
         from calculet.engine.tokenizer import TextTokenizer
         from calculet.runtime.device import Device
         from calculet.runtime.program import DeviceConfig
@@ -72,9 +72,7 @@ class ModelHost:
                 problem = "this model has no chat template (it is a base model); use /v1/completions"
         except CalculetError as exc:
             problem = exc.message
-        engine_config = EngineConfig(max_queue=cfg.max_queue, max_prefill_tokens=cfg.max_prefill_tokens,
-                                     request_timeout_s=cfg.request_timeout_s)
-        engine = Engine(device, tokenizer, engine_config, observer=self.metrics)
+        engine = Engine(device, tokenizer, cfg.engine_config(), observer=self.metrics)
         self.metrics.watch(engine.snapshot, lambda: engine.healthy)
         engine.start()
         source = device.program.manifest.model.get("source", {}).get("path")
