@@ -9,31 +9,13 @@ request: the failure is the result (status `error`, with a type and message).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import httpx
 
+from calculet.bench.records import StreamResult
+
 _ERROR_CHARS = 500
-
-
-@dataclass
-class StreamResult:
-    t_sent_ns: int
-    t_first_token_ns: int | None = None
-    t_chunks_ns: list[int] = field(default_factory=list)
-    t_done_ns: int = 0
-    http_status: int | None = None
-    status: str = "error"
-    error_type: str | None = None
-    error: str | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    output_tokens_source: str | None = None
-    output_chars: int = 0
-    finish_reason: str | None = None
-    server_timings: dict[str, Any] | None = None
-    attempts: int = 1
 
 
 def request_body(model: str, prompt_body: dict[str, Any], max_tokens: int, fixed_output: bool) -> dict[str, Any]:

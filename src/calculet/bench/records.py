@@ -71,7 +71,8 @@ ERROR_TYPES = (
 
 
 @dataclass
-class RequestRecord:
+class RequestOrigin:
+    """Where a request came from: the runner's side of a record."""
     run_id: str
     request_id: int
     scenario: str
@@ -85,6 +86,11 @@ class RequestRecord:
     max_tokens: int
     fixed_output: bool
     t_scheduled_ns: int
+
+
+@dataclass
+class StreamResult:
+    """What the client saw of one request's event stream (bench.client fills it in)."""
     t_sent_ns: int
     t_first_token_ns: int | None = None
     t_chunks_ns: list[int] = field(default_factory=list)
@@ -100,6 +106,11 @@ class RequestRecord:
     finish_reason: str | None = None
     server_timings: dict[str, Any] | None = None
     attempts: int = 1
+
+
+@dataclass
+class RequestRecord(StreamResult, RequestOrigin):
+    """One JSONL line: the origin's fields, then the stream result's, then the schema version."""
     schema: int = SCHEMA_VERSION
 
     @property
