@@ -19,6 +19,7 @@ import onnx
 from calculet import __version__
 from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, KVLayout, Manifest, Profile, sha256_file,
                                       write_manifest)
+from calculet.compiler import decoder
 from calculet.compiler import graphs as G
 from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.options import CompileOptions
@@ -55,6 +56,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     source = load_source(source_path)
     family = family_for(source.config)
     spec = family.parse_config(source.config)
+    decoder.require_buildable(spec)
     if options.target == "cpu" and spec.head_dim % 16:
         raise ModelError("unsupported_head_dim", f"head_dim {spec.head_dim} is not a multiple of 16, which ONNX Runtime's CPU GroupQueryAttention needs")
     profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
@@ -94,7 +96,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
                                 options.decode_lanes, options.sampling_head_k, in_place)
     for gs in signatures:
-        onnx.save_model(G.build_graph(spec, family, gs, weights, rope, options.target, options.fusions),
+        onnx.save_model(G.build_graph(spec, gs, weights, rope, options.target, options.fusions),
                         str(folder / gs.file))
 
     kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim,

@@ -20,12 +20,11 @@ its own small graphs so its (large) weights are prepared once per row count, not
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 from onnx import ModelProto
 
-from calculet.compiler import attention_portable, layers
+from calculet.compiler import attention_portable, decoder, layers
 from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.weights import WeightStore
 from calculet.models.base import ModelSpec, lm_head_name
@@ -126,7 +125,7 @@ def add_rope_tables(spec: ModelSpec, context: int, weights: WeightStore) -> dict
     return tables
 
 
-def build_graph(spec: ModelSpec, family: ModuleType, gs: GraphSpec, weights: WeightStore,
+def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
                 rope_tables: dict, target: str = "cpu", fusions: frozenset[str] = frozenset()) -> ModelProto:
     g = GraphBuilder(gs.name, weights, target, fusions)
     for t in gs.inputs:
@@ -134,13 +133,13 @@ def build_graph(spec: ModelSpec, family: ModuleType, gs: GraphSpec, weights: Wei
     if gs.type == HEAD:
         outputs = _build_head(g, spec, gs)
     else:
-        outputs = _build_body(g, spec, family, gs, rope_tables)
+        outputs = _build_body(g, spec, gs, rope_tables)
     for t in gs.outputs:
         g.output(outputs.get(t.name, t.name), t.name, np.dtype(t.dtype), t.shape)
     return g.build()
 
 
-def _build_body(g: GraphBuilder, spec: ModelSpec, family: ModuleType, gs: GraphSpec, rope_tables: dict) -> dict:
+def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: dict) -> dict:
     portable = None
     if g.target == "portable":
         context = next(t.shape[2] for t in gs.inputs if t.name == "past_key.0")
@@ -151,9 +150,9 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, family: ModuleType, gs: GraphS
         rope={k: (g.weight(c), g.weight(s)) for k, (c, s) in rope_tables.items()},
         portable=portable,
     )
-    stream = layers.Stream(family.embed(g, spec, "input_ids"))             # [L, S, H]
+    stream = layers.Stream(decoder.embed(g, spec, "input_ids"))             # [L, S, H]
     for i in range(spec.num_layers):
-        stream = family.build_layer(g, spec, i, stream, ctx)                # [L, S, H]
+        stream = decoder.build_layer(g, spec, i, stream, ctx)                # [L, S, H]
     if gs.type == PREFILL:  # only the last real token goes on: gather before the final norm
         gather = lambda v, n: g.op("Gather", [v, "last_index"], name=f"/model/last_token/{n}", axis=1)  # noqa: E731
         stream = layers.Stream(gather(stream.x, "GatherX"), gather(stream.pending, "GatherBranch"))  # [1, 1, H]

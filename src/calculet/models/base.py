@@ -76,6 +76,28 @@ class RopeSpec:
 
 
 @dataclass(frozen=True)
+class MoeSpec:
+    """The routed-expert part of a mixture-of-experts family (Hugging Face key names in comments)."""
+    num_experts: int                      # num_experts / num_local_experts: routed experts, all resident
+    experts_per_token: int                # num_experts_per_tok: top-k experts each token runs through
+    expert_intermediate_size: int         # moe_intermediate_size (mixtral: intermediate_size)
+    sparse_layers: tuple[int, ...]        # layers whose MLP is the expert block; the rest are dense
+    norm_topk_prob: bool = True           # renormalise the top-k router probabilities to sum to 1
+    shared_expert_intermediate_size: int = 0   # qwen2_moe: one always-on expert (0: none)
+
+    def __post_init__(self):
+        if self.num_experts < 1 or self.expert_intermediate_size < 1:
+            raise ModelError("bad_config", f"num_experts ({self.num_experts}) and moe_intermediate_size "
+                             f"({self.expert_intermediate_size}) must be > 0")
+        if not 0 < self.experts_per_token <= self.num_experts:
+            raise ModelError("bad_config", f"num_experts_per_tok ({self.experts_per_token}) must be between 1 "
+                             f"and num_experts ({self.num_experts})")
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer in self.sparse_layers
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     family: str                 # the module in calculet.models that builds it
     model_type: str             # Hugging Face model_type
@@ -99,6 +121,7 @@ class ModelSpec:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     pad_token_id: int | None = None
+    moe: MoeSpec | None = None        # mixture-of-experts families only
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
@@ -110,6 +133,9 @@ class ModelSpec:
             raise ModelError("bad_config", f"layer_types has {len(self.layer_types)} entries, expected num_hidden_layers = {self.num_layers}")
         if "sliding" in self.layer_types and not self.sliding_window:
             raise ModelError("bad_config", "sliding-window layers need sliding_window > 0")
+        if self.moe and any(not 0 <= i < self.num_layers for i in self.moe.sparse_layers):
+            raise ModelError("bad_config", f"MoE layer indices must lie in 0..{self.num_layers - 1}, "
+                             f"got {list(self.moe.sparse_layers)}")
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -1,10 +1,7 @@
 """Gemma 3 text: sliding-window (local) and global layers with their own RoPE bases, q/k norm,
 four norms per layer ("sandwich"), embeddings scaled by sqrt(hidden), GELU-tanh MLP, tied lm_head.
 
-Per layer:
-    x = x + post_attn_norm(o_proj(attn(...)))      attn input = input_norm(x)
-    x = x + post_ffw_norm(mlp(pre_ffw_norm(x)))
-Gemma's RMSNorm multiplies by (1 + w); the +1 is folded into the weight at compile time.
+`compiler/decoder.py` builds its layers. Gemma's RMSNorm multiplies by (1 + w); the +1 is folded into the weight at compile time.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from typing import Iterator
 
 import numpy as np
 
-from calculet.compiler import layers
 from calculet.errors import ModelError
 from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require
 
@@ -93,21 +89,3 @@ def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]
     if not spec.tie_word_embeddings:
         yield "lm_head.weight", get_tensor(tensors, "lm_head.weight")
 
-
-def embed(g, spec: ModelSpec, input_ids: str) -> str:
-    x = layers.embedding(g, "model.embed_tokens.weight", input_ids, "/model/embed_tokens")
-    scale = g.const(np.float32(spec.hidden_size ** 0.5), np.float32)
-    return g.op("Mul", [x, scale], name="/model/embed_tokens/Scale")
-
-
-def build_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.AttentionInputs) -> layers.Stream:
-    p, s = f"model.layers.{i}", f"/model/layers.{i}"
-    eps = spec.rms_norm_eps
-    n, stream = layers.add_norm(g, stream, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
-    o = layers.self_attention(g, spec, i, n, ctx)
-    o = layers.rmsnorm(g, o, f"{p}.post_attention_layernorm.weight", eps, f"{s}/post_attention_layernorm")
-    m, stream = layers.add_norm(g, layers.Stream(stream.x, o), f"{p}.pre_feedforward_layernorm.weight", eps,
-                                f"{s}/pre_feedforward_layernorm")
-    m = layers.gated_mlp(g, m, f"{p}.mlp", "gelu_tanh", f"{s}/mlp")
-    m = layers.rmsnorm(g, m, f"{p}.post_feedforward_layernorm.weight", eps, f"{s}/post_feedforward_layernorm")
-    return layers.Stream(stream.x, m)

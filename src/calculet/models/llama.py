@@ -1,9 +1,7 @@
 """Llama family: Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm).
 
-Per layer (pre-norm):
-    x = x + o_proj(attn(rope(qk_norm?(q_proj(n))), rope(qk_norm?(k_proj(n))), v_proj(n)))   n = norm_in(x)
-    x = x + down(silu(gate(m)) * up(m))                                                     m = norm_post(x)
-Each residual add is left pending in the Stream so the next norm can fuse it (skip-norm).
+This module describes the family (config keys, weight names and layouts); `compiler/decoder.py`
+builds its layers.
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from typing import Iterator
 
 import numpy as np
 
-from calculet.compiler import layers
 from calculet.errors import ModelError
 from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require
 
@@ -68,16 +65,3 @@ def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]
     if not spec.tie_word_embeddings:
         yield "lm_head.weight", get_tensor(tensors, "lm_head.weight")  # [V, H], used with transB
 
-
-def embed(g, spec: ModelSpec, input_ids: str) -> str:
-    return layers.embedding(g, "model.embed_tokens.weight", input_ids, "/model/embed_tokens")
-
-
-def build_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.AttentionInputs) -> layers.Stream:
-    p, s = f"model.layers.{i}", f"/model/layers.{i}"
-    eps = spec.rms_norm_eps
-    n, stream = layers.add_norm(g, stream, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
-    o = layers.self_attention(g, spec, i, n, ctx)
-    m, stream = layers.add_norm(g, layers.Stream(stream.x, o), f"{p}.post_attention_layernorm.weight", eps,
-                                f"{s}/post_attention_layernorm")
-    return layers.Stream(stream.x, layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp"))
