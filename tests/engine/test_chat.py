@@ -53,3 +53,46 @@ def test_sandbox_blocks_attribute_escapes(tokenizer):
     evil = ChatTemplate.from_tokenizer(with_template(tokenizer, "{{ messages.__class__.__mro__[1].__subclasses__() }}"))
     with pytest.raises(RequestError):
         evil.render([{"role": "user", "content": "x"}])
+
+
+def test_builtin_gemma_template_folds_the_system_text_into_the_first_user_turn(tokenizer):
+    chat = ChatTemplate.choose(with_template(tokenizer, None), "gemma", "llama")
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
+    assert chat.render(messages) == ("<bos><start_of_turn>user\nbe brief\n\nhi<end_of_turn>\n"
+                                     "<start_of_turn>model\nhello<end_of_turn>\n"
+                                     "<start_of_turn>user\nagain<end_of_turn>\n<start_of_turn>model\n")
+    assert chat.stop_token_ids == ()   # the tiny vocabulary has no <end_of_turn> token
+
+
+def test_builtin_chatml_and_llama3_render_their_turn_formats(tokenizer):
+    plain = with_template(tokenizer, None)
+    messages = [{"role": "user", "content": "hi"}]
+    assert ChatTemplate.choose(plain, "chatml", "llama").render(messages) == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert ChatTemplate.choose(plain, "llama3", "llama").render(messages) == \
+        "<bos><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+def test_choose_prefers_the_option_then_the_models_own_then_the_familys_builtin(tokenizer, tmp_path):
+    own = ChatTemplate.choose(tokenizer, None, "gemma3_text")
+    assert own.name == "tokenizer" and own.render([{"role": "user", "content": "x"}]) == "<user>x\n<assistant>"
+    assert ChatTemplate.choose(tokenizer, "chatml", "gemma3_text").name == "chatml"
+    assert ChatTemplate.choose(with_template(tokenizer, None), None, "gemma3_text").name == "gemma"
+    assert ChatTemplate.choose(with_template(tokenizer, None), None, "qwen3").name == "qwen"
+    assert ChatTemplate.choose(with_template(tokenizer, None), None, "mistral") is None
+    f = tmp_path / "t.jinja"
+    f.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    assert ChatTemplate.choose(tokenizer, str(f), "llama").render([{"role": "user", "content": "q"}]) == "[q]"
+    with pytest.raises(RequestError, match="built-ins: gemma, chatml, qwen, llama3"):
+        ChatTemplate.choose(tokenizer, "nope", "llama")
+
+
+def test_turn_end_token_becomes_a_stop_token_for_chat_requests():
+    from calculet.server.params import chat_request
+    from calculet.server.schemas import ChatCompletionRequest
+
+    body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=4, stop_token_ids=[7])
+    assert chat_request(body, [1, 2], 64, None, (106,)).stop_token_ids == (7, 106)
+    body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=4, ignore_eos=True)
+    assert chat_request(body, [1, 2], 64, None, (106,)).stop_token_ids == ()

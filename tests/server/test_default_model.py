@@ -54,7 +54,15 @@ def test_cjk_and_emoji_stream_equals_non_stream(server):
     assert len(deltas) < chunks[-1].usage.completion_tokens      # so some tokens carried no whole character
 
 
-def test_chat_without_template_is_a_clear_400(server):
-    with pytest.raises(openai.BadRequestError, match="no chat template"):
-        server.client().chat.completions.create(model="model", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    assert server.client().completions.create(model="model", prompt="Hi", max_tokens=1).usage.completion_tokens == 1
+def test_chat_works_out_of_the_box_with_gemmas_template(server):
+    """Guards issue 12: the default GGUF has no chat template, and an OpenAI chat client's first request
+    got a 400. The built-in Gemma template now applies, and the model's end-of-turn token ends the answer."""
+    client = server.client()
+    messages = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "What is the capital of France?"}]
+    r = client.chat.completions.create(model="model", messages=messages, max_tokens=24, temperature=0)
+    tokens = server.post("/tokenize", {"model": "model", "messages": messages}).json()["tokens"]
+    assert tokens[:2] == [2, 105] and tokens[-3:] == [105, 4368, 107]   # <bos><start_of_turn> ... <start_of_turn>model\n
+    assert r.usage.prompt_tokens == len(tokens)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.content.strip()
+    assert "<end_of_turn>" not in r.choices[0].message.content
+    assert client.completions.create(model="model", prompt="Hi", max_tokens=1).usage.completion_tokens == 1

@@ -2,7 +2,9 @@
 sandbox with `messages`, `add_generation_prompt=True`, `bos_token` and `eos_token`.
 
     template = ChatTemplate.from_tokenizer(tokenizer)     # None when the model has no template
+    template = ChatTemplate.choose(tokenizer, "--chat-template value or None", model_type)
     prompt_ids = template.encode([{"role": "user", "content": "Hi"}])
+    template.stop_token_ids                               # ids that end a turn (a built-in's end-of-turn token)
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from calculet.engine import chat_templates
 from calculet.errors import ModelError, RequestError
 
 
@@ -22,11 +25,14 @@ def _tojson(value, indent=None, ensure_ascii=False):
 
 
 class ChatTemplate:
-    def __init__(self, source: str, tokenizer):
+    def __init__(self, source: str, tokenizer, end_of_turn: str = "", name: str = "tokenizer"):
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         self.tokenizer = tokenizer
+        self.name = name
+        eot = tokenizer.token_to_id(end_of_turn) if end_of_turn else None
+        self.stop_token_ids: tuple[int, ...] = (eot,) if eot is not None else ()
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -43,6 +49,22 @@ class ChatTemplate:
     def from_tokenizer(cls, tokenizer) -> "ChatTemplate | None":
         source = tokenizer.info.chat_template
         return cls(source, tokenizer) if source else None
+
+    @classmethod
+    def choose(cls, tokenizer, choice: str | None, model_type: str) -> "ChatTemplate | None":
+        """`choice` (a built-in name or a Jinja file) wins; else the tokenizer's own template; else the
+        built-in for the model's family (Gemma's for the default model); else None."""
+        if choice:
+            builtin = chat_templates.resolve(choice)
+            return cls(builtin.source, tokenizer, builtin.end_of_turn, builtin.name)
+        own = cls.from_tokenizer(tokenizer)
+        if own is not None:
+            return own
+        name = chat_templates.DEFAULT_FOR_MODEL_TYPE.get(model_type)
+        if name is None:
+            return None
+        builtin = chat_templates.BUILTIN[name]
+        return cls(builtin.source, tokenizer, builtin.end_of_turn, builtin.name)
 
     def _token_text(self, token_id: int | None) -> str:
         if token_id is None:

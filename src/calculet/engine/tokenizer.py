@@ -45,6 +45,9 @@ class TextTokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
     @property
     def vocab_size(self) -> int:
         return self.info.vocab_size

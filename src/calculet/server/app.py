@@ -101,7 +101,7 @@ def create_app(config, host, metrics) -> FastAPI:
         m = host.require()
         params.check_model(body.model, m.name)
         prompt_ids = params.chat_prompt(body.messages, m)
-        gen = params.chat_request(body, prompt_ids, m.context, config.request_timeout_s)
+        gen = params.chat_request(body, prompt_ids, m.context, config.request_timeout_s, m.chat.stop_token_ids)
         fmt = ChatFormat(m.name, m.tokenizer, body.return_token_ids)
         call = EngineCall(m.engine, gen)
         if body.stream:

@@ -17,6 +17,9 @@ def add_parser(sub) -> None:
     p.add_argument("--request-timeout", type=float, default=None, metavar="S", help="fail a request after S seconds")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: from the path)")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help="chat template for /v1/chat/completions: a built-in (gemma, chatml, qwen, llama3) or a Jinja "
+                        "file (default: the model's own, else the built-in for its family)")
     p.set_defaults(func=serve)
 
 
@@ -26,5 +29,6 @@ def serve(args) -> int:
 
     config = ServerConfig(model=args.model, host=args.host, port=args.port, api_key=args.api_key,
                           max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens, request_timeout_s=args.request_timeout,
-                          served_model_name=args.served_model_name, threads=args.threads)
+                          served_model_name=args.served_model_name, threads=args.threads,
+                          chat_template=args.chat_template)
     return run_server(config)

@@ -20,6 +20,7 @@ class ServerConfig:
     request_timeout_s: float | None = None
     served_model_name: str | None = None
     threads: int = 0
+    chat_template: str | None = None       # a built-in name (gemma, chatml, qwen, llama3) or a Jinja file
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -31,12 +32,15 @@ class ServerConfig:
             raise RequestError("bad_option", "--api-key must not be empty")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise RequestError("bad_option", "--served-model-name must not be empty")
+        if self.chat_template is not None:
+            from calculet.engine.chat_templates import resolve
+            resolve(self.chat_template)  # a bad name or unreadable file fails at start, not at the first chat
 
     def __repr__(self) -> str:  # never print the key
         key = "set" if self.api_key else None
         return (f"ServerConfig(model={self.model!r}, host={self.host!r}, port={self.port}, api_key={key}, "
                 f"max_queue={self.max_queue}, max_prefill_tokens={self.max_prefill_tokens}, request_timeout_s={self.request_timeout_s}, "
-                f"served_model_name={self.served_model_name!r}, threads={self.threads})")
+                f"served_model_name={self.served_model_name!r}, threads={self.threads}, chat_template={self.chat_template!r})")
 
     def engine_config(self) -> EngineConfig:
         """The engine's share of the options (validated by EngineConfig itself)."""

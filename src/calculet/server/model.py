@@ -66,11 +66,15 @@ class ModelHost:
         tokenizer = TextTokenizer.from_program(program)
         device.configure(program)
         chat, problem = None, None
+        model_type = device.program.manifest.model.get("model_type", "")
         try:
-            chat = ChatTemplate.from_tokenizer(tokenizer)
+            chat = ChatTemplate.choose(tokenizer, cfg.chat_template, model_type)
             if chat is None:
-                problem = "this model has no chat template (it is a base model); use /v1/completions"
+                problem = ("this model has no chat template and no built-in fits its family; start the server with "
+                           "--chat-template NAME|FILE, or use /v1/completions")
         except CalculetError as exc:
+            if cfg.chat_template:
+                raise
             problem = exc.message
         engine = Engine(device, tokenizer, cfg.engine_config(), observer=self.metrics)
         self.metrics.watch(engine.snapshot, lambda: engine.healthy)

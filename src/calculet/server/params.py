@@ -80,7 +80,10 @@ def completion_request(body: CompletionRequest, prompt_ids: list[int], context: 
     return generation_request(body, prompt_ids, body.max_tokens, body.logprobs, context, timeout_s)
 
 
-def chat_request(body: ChatCompletionRequest, prompt_ids: list[int], context: int, timeout_s) -> GenerationRequest:
+def chat_request(body: ChatCompletionRequest, prompt_ids: list[int], context: int, timeout_s,
+                 turn_end_ids: tuple[int, ...] = ()) -> GenerationRequest:
+    """`turn_end_ids`: the chat template's end-of-turn tokens, which end the answer like EOS does
+    (unless `ignore_eos`)."""
     if body.top_logprobs is not None and not body.logprobs:
         raise RequestError("invalid_parameter", f"top_logprobs={body.top_logprobs} needs logprobs=true")
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= MAX_LOGPROBS:
@@ -93,4 +96,9 @@ def chat_request(body: ChatCompletionRequest, prompt_ids: list[int], context: in
             raise RequestError("invalid_parameter", f"max_completion_tokens={body.max_completion_tokens} is out of range; "
                                f"allowed: max_completion_tokens >= 1")
         max_tokens = body.max_completion_tokens
-    return generation_request(body, prompt_ids, max_tokens, logprobs, context, timeout_s)
+    request = generation_request(body, prompt_ids, max_tokens, logprobs, context, timeout_s)
+    extra = tuple(t for t in turn_end_ids if t not in request.stop_token_ids)
+    if extra and not body.ignore_eos:
+        from dataclasses import replace
+        request = replace(request, stop_token_ids=request.stop_token_ids + extra)
+    return request
