@@ -109,3 +109,16 @@ def test_portable_fp16_weights_standard_ops_and_reference_tokens(tiny_model_dir,
     assert tensors["model.embed_tokens.weight"]["kind"] == "fp16"
     report = check_calbin(path, read_golden(path))
     assert report.passed, report.summary()
+
+
+def test_portable_graphs_read_every_input(tiny_model_dir, tmp_path):
+    """Regression (issue 17): portable bodies declared total_seq_len but no node read it, and
+    ONNX Runtime's OpenVINO provider then bound every later input (the KV buffers) shifted by one,
+    so all outputs were NaN. Portable bodies no longer declare it, and every graph reads every input."""
+    path = _portable(tiny_model_dir("llama"), tmp_path)
+    for g in read_manifest(path).graphs:
+        model = onnx.load(str(path / g["file"]), load_external_data=False)
+        read = {i for n in model.graph.node for i in n.input}
+        declared = [i.name for i in model.graph.input]
+        assert "total_seq_len" not in declared
+        assert [name for name in declared if name not in read] == [], g["name"]

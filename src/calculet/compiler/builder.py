@@ -65,6 +65,7 @@ class GraphBuilder:
         return outputs[0] if len(outputs) == 1 else outputs
 
     def build(self) -> ModelProto:
+        self._check_inputs_used()
         for node in self._nodes:
             for field in (node.input, node.output):
                 for i, tensor in enumerate(field):
@@ -80,3 +81,13 @@ class GraphBuilder:
         model = helper.make_model(graph, opset_imports=opsets, producer_name="calculet")
         model.ir_version = 10
         return model
+
+    def _check_inputs_used(self) -> None:
+        """Every declared input must feed a node. Not an ONNX rule, but ONNX Runtime's OpenVINO execution
+        provider (1.24) binds the inputs of a graph with an unused input before its last one shifted by
+        one: each later input reads the previous one's buffer, so the outputs came back NaN or garbage."""
+        read = {name for node in self._nodes for name in node.input}
+        unused = [v.name for v in self._inputs if v.name not in read]
+        if unused:
+            raise ValueError(f"graph {self.name!r} declares inputs no node reads: {unused}; "
+                             "drop them from its signature")

@@ -8,7 +8,7 @@ batch sizes n1 < ... < B):
     head_<n>     lm_head (+ sampling head), n rows          hidden [n, H] -> logits [n, V], topk_values/ids [n, K]
 
 Bodies take seqlens_k int32 [lanes] (each lane's length after this step, minus one), total_seq_len
-int32 [] (the longest such length), and past_key.i / past_value.i float32 [lanes, Nkv, C, D] per
+int32 [] (the longest such length; in-place bodies only), and past_key.i / past_value.i float32 [lanes, Nkv, C, D] per
 layer, which they update in place (present_* outputs alias the past_* buffers). The lm_head lives in
 its own small graphs so its (large) weights are prepared once per row count, not once per body.
 
@@ -77,8 +77,9 @@ def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: i
     inputs = [
         TensorSpec("input_ids", (lanes, tokens), "int64"),
         TensorSpec("seqlens_k", (lanes,), "int32"),
-        TensorSpec("total_seq_len", (), "int32"),
     ]
+    if in_place:  # GroupQueryAttention reads it; a portable body has no use for it (see GraphBuilder.build)
+        inputs.append(TensorSpec("total_seq_len", (), "int32"))
     if kind == PREFILL:
         inputs.append(TensorSpec("last_index", (1,), "int64"))
     outputs = [TensorSpec("hidden", (lanes, spec.hidden_size), "float32")]
