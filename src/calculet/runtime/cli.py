@@ -16,11 +16,24 @@ def add_parser(sub) -> None:
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    add_provider_arguments(p)
     p.add_argument("--full-hash", action="store_true", help="verify every file's SHA-256 before loading")
     p.add_argument("--lanes", type=int, default=None, help="when compiling a source: lanes (default 8)")
     p.add_argument("--context", type=int, default=None, help="when compiling a source: context (default 1024)")
     p.add_argument("--prefill-chunks", default=None, help="when compiling a source: chunk sizes (default 16,128)")
     p.set_defaults(func=run)
+
+
+def add_provider_arguments(p) -> None:
+    """--provider and --provider-option, shared by `run` and `serve`."""
+    from calculet.runtime.providers import PROVIDERS
+
+    p.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu",
+                   help="ONNX Runtime execution provider (default cpu); openvino needs the onnxruntime-openvino "
+                        "package and a --target portable calbin (a source is compiled that way: int8 weights)")
+    p.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a provider option, repeatable (openvino: device_type=CPU|GPU|NPU, cache_dir=DIR, "
+                        "precision=..., load_config=JSON)")
 
 
 def run(args) -> int:
@@ -32,6 +45,7 @@ def run(args) -> int:
     from calculet.errors import RequestError
     from calculet.runtime.device import Device
     from calculet.runtime.program import DeviceConfig
+    from calculet.runtime.providers import SOURCE_COMPILE, parse_provider_options
 
     if len(args.model_or_prompt) > 2:
         raise RequestError("bad_arguments", "give at most a model and one prompt (quote the prompt)")
@@ -39,12 +53,14 @@ def run(args) -> int:
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
     from calculet.compiler.options import parse_chunks
 
-    overrides = {k: v for k, v in (("lanes", args.lanes), ("context", args.context)) if v is not None}
+    config = DeviceConfig(args.provider, threads=args.threads, provider_options=parse_provider_options(args.provider_option))
+    overrides = dict(SOURCE_COMPILE[args.provider])
+    overrides |= {k: v for k, v in (("lanes", args.lanes), ("context", args.context)) if v is not None}
     if args.prefill_chunks:
         overrides["prefill_chunks"] = parse_chunks(args.prefill_chunks)
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     calbin = ensure_calbin(model, CompileOptions(**overrides), log=log)
-    device = Device(DeviceConfig(threads=args.threads))
+    device = Device(config)
     try:
         program = device.load(calbin, full_hash=args.full_hash)
         tokenizer = TextTokenizer.from_program(program)  # before the sessions: keeps its parse out of the peak

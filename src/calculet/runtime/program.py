@@ -20,14 +20,14 @@ import numpy as np
 from calculet.calbin.manifest import Manifest, read_manifest, verify_files
 from calculet.compiler.graphs import DECODE, HEAD, PREFILL, GraphSpec
 from calculet.errors import DeviceError, ModelError
-
-PROVIDERS = {"cpu": ["CPUExecutionProvider"]}
+from calculet.runtime.providers import PROVIDERS, check_active, choose_provider
 
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    provider: str = "cpu"
+    provider: str = "cpu"       # a key of providers.PROVIDERS
     threads: int = 0            # intra-op threads; 0 = ONNX Runtime's default (all cores)
+    provider_options: tuple[tuple[str, str], ...] = ()  # (key, value) pairs for the provider
 
     def __post_init__(self):
         if self.provider not in PROVIDERS:
@@ -118,6 +118,8 @@ class Program:
         import onnxruntime as ort
 
         t0 = time.perf_counter()
+        body_inputs = {t.name for g in self.graphs if g.type != HEAD for t in g.inputs}
+        choice = choose_provider(config.provider, config.provider_options, self.manifest.target, body_inputs)
         values = self._values = self._weight_values()  # OrtValues must outlive the sessions
         self.sessions = {}
         for g in self.graphs:
@@ -134,9 +136,12 @@ class Program:
             for name, value in values.items():
                 so.add_initializer(name, value)
             try:
-                self.sessions[g.name] = ort.InferenceSession(str(self.path / g.file), so, providers=PROVIDERS[config.provider])
+                session = ort.InferenceSession(str(self.path / g.file), so, providers=list(choice.providers),
+                                               provider_options=list(choice.options))
             except Exception as exc:  # onnxruntime raises its own exception types
                 raise DeviceError("session_create_failed", f"cannot create a session for graph {g.name!r}: {exc}") from None
+            check_active(session, choice, g.name)
+            self.sessions[g.name] = session
             self._release_mapped_pages()  # after each session, so prepacking temporaries never pile up
             trim_heap()
         self.load_seconds = time.perf_counter() - t0

@@ -20,15 +20,20 @@ def add_parser(sub) -> None:
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="chat template for /v1/chat/completions: a built-in (gemma, chatml, qwen, llama3) or a Jinja "
                         "file (default: the model's own, else the built-in for its family)")
+    from calculet.runtime.cli import add_provider_arguments
+
+    add_provider_arguments(p)
     p.set_defaults(func=serve)
 
 
 def serve(args) -> int:
+    from calculet.runtime.providers import parse_provider_options
     from calculet.server.config import ServerConfig
     from calculet.server.runner import run_server
 
     config = ServerConfig(model=args.model, host=args.host, port=args.port, api_key=args.api_key,
                           max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens, request_timeout_s=args.request_timeout,
                           served_model_name=args.served_model_name, threads=args.threads,
-                          chat_template=args.chat_template)
+                          chat_template=args.chat_template, provider=args.provider,
+                          provider_options=parse_provider_options(args.provider_option))
     return run_server(config)

@@ -21,6 +21,8 @@ class ServerConfig:
     served_model_name: str | None = None
     threads: int = 0
     chat_template: str | None = None       # a built-in name (gemma, chatml, qwen, llama3) or a Jinja file
+    provider: str = "cpu"                  # runtime.providers.PROVIDERS key
+    provider_options: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -28,6 +30,7 @@ class ServerConfig:
         self.engine_config()  # the engine checks its own options
         if self.threads < 0:
             raise RequestError("bad_option", f"--threads must be >= 0 (0 = all cores), got {self.threads}")
+        self.device_config()  # the runtime checks the provider name and options' form
         if self.api_key is not None and not self.api_key.strip():
             raise RequestError("bad_option", "--api-key must not be empty")
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -40,7 +43,14 @@ class ServerConfig:
         key = "set" if self.api_key else None
         return (f"ServerConfig(model={self.model!r}, host={self.host!r}, port={self.port}, api_key={key}, "
                 f"max_queue={self.max_queue}, max_prefill_tokens={self.max_prefill_tokens}, request_timeout_s={self.request_timeout_s}, "
-                f"served_model_name={self.served_model_name!r}, threads={self.threads}, chat_template={self.chat_template!r})")
+                f"served_model_name={self.served_model_name!r}, threads={self.threads}, chat_template={self.chat_template!r}, "
+                f"provider={self.provider!r}, provider_options={self.provider_options!r})")
+
+    def device_config(self):
+        """The runtime's share: provider, its options and threads (validated by DeviceConfig)."""
+        from calculet.runtime.program import DeviceConfig
+
+        return DeviceConfig(self.provider, threads=self.threads, provider_options=self.provider_options)
 
     def engine_config(self) -> EngineConfig:
         """The engine's share of the options (validated by EngineConfig itself)."""

@@ -54,11 +54,11 @@ class ModelHost:
         from calculet.engine.engine import Engine
         from calculet.engine.tokenizer import TextTokenizer
         from calculet.runtime.device import Device
-        from calculet.runtime.program import DeviceConfig
+        from calculet.runtime.providers import SOURCE_COMPILE
 
         cfg = self.config
-        calbin = ensure_calbin(cfg.model, CompileOptions(), log=log.info)
-        device = Device(DeviceConfig(threads=cfg.threads))
+        calbin = ensure_calbin(cfg.model, CompileOptions(**SOURCE_COMPILE[cfg.provider]), log=log.info)
+        device = Device(cfg.device_config())
         self._device = device
         program = device.load(calbin)
         # Tokenizer first: parsing a large tokenizer.json needs a few hundred MB for a moment, and
