@@ -90,3 +90,11 @@ def make_tiny_model(arch: str, folder: str | Path, seed: int = 0, **overrides) -
         "chat_template": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
     }))
     return folder
+
+
+if __name__ == "__main__":  # python tests/tiny_models.py DIR [ARCH ...]: HF folders DIR/<arch>, for environments without torch
+    import sys
+
+    out = Path(sys.argv[1])
+    for name in sys.argv[2:] or ARCHS:
+        print(make_tiny_model(name, out / name))
