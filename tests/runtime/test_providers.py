@@ -77,3 +77,8 @@ def test_run_cli_reports_the_mismatch(tiny_calbin, capsys):
     assert main(["run", str(tiny_calbin("llama")), "hi", "--provider", "openvino", "--max-tokens", "2"]) == 2
     err = capsys.readouterr().err
     assert "provider_target_mismatch" in err and "--target portable" in err, err
+
+
+def test_provider_options_must_be_string_pairs():
+    with pytest.raises(ModelError, match="string pairs"):
+        DeviceConfig("openvino", provider_options=(("num_of_threads", 4),))

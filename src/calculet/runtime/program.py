@@ -34,6 +34,8 @@ class DeviceConfig:
             raise ModelError("unsupported_provider", f"provider {self.provider!r} is not supported; supported: {', '.join(PROVIDERS)}")
         if self.threads < 0:
             raise ModelError("bad_option", f"threads must be >= 0, got {self.threads}")
+        if not all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in self.provider_options):
+            raise ModelError("bad_option", f"provider_options must be (key, value) string pairs, got {self.provider_options!r}")
 
 
 def trim_heap() -> None:
