@@ -16,7 +16,8 @@ from calculet.errors import CalculetError
 _COMMANDS = [
     "calculet.compiler.cli",   # compile
     "calculet.runtime.cli",    # run
-    "calculet.calbin.cli",     # validate, inspect, plan
+    "calculet.calbin.cli",     # validate, inspect
+    "calculet.planner.cli",    # plan
     "calculet.server.cli",     # serve
     "calculet.bench.cli",      # bench
 ]

@@ -25,6 +25,7 @@ from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.options import CompileOptions
 from calculet.compiler.quantize import format_label, policy_table, store_weights
 from calculet.compiler.tokenizer import tokenizer_info
+from calculet.compiler.weight_plan import check_stored, weight_plan
 from calculet.compiler.weights import WEIGHTS_FILE, WeightStore
 from calculet.errors import ModelError
 from calculet.models import family_for
@@ -89,6 +90,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     with _progress(len(source.tensors), f"weights ({options.weights})", "tensor") as bar:
         quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions)
     rope = G.add_rope_tables(spec, profile.context, weights)
+    check_stored(weight_plan(spec, options), weights, quant_record)  # `calculet plan` lists the same bytes
     with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
         weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
 

@@ -8,6 +8,7 @@ prepared while another's outputs are read; the two halves of a pair never alias.
 from __future__ import annotations
 
 from calculet.calbin.manifest import KVLayout
+from calculet.compiler.workspace import workspace_bytes
 from calculet.models.base import ModelSpec
 
 ALIGN = 64
@@ -16,13 +17,6 @@ UNIT = "bytes"
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
-
-
-def workspace_estimate(spec: ModelSpec, lanes: int, tokens: int, context: int) -> int:
-    """Peak activations of one graph call: the widest per-token tensors alive at once plus attention scores."""
-    per_token = 4 * (3 * spec.intermediate_size + 4 * spec.hidden_size + 3 * spec.num_heads * spec.head_dim)
-    scores = 4 * spec.num_heads * context
-    return lanes * tokens * (per_token + scores) + lanes * spec.vocab_size * 4
 
 
 def build_memory_plan(spec: ModelSpec, kv: KVLayout, weights_bytes: int, graphs: list[dict]) -> dict:
@@ -49,7 +43,7 @@ def build_memory_plan(spec: ModelSpec, kv: KVLayout, weights_bytes: int, graphs:
         for half in ("ping", "pong"):
             add(f"{g['name']}.inputs.{half}", "staging", in_bytes)
             add(f"{g['name']}.outputs.{half}", "staging", out_bytes)
-        workspace = max(workspace, workspace_estimate(spec, g["lanes"], g["tokens"], kv.context))
+        workspace = max(workspace, workspace_bytes(spec, g["lanes"], g["tokens"], kv.context))
     add("workspace", "workspace", workspace)
     return {
         "unit": UNIT,

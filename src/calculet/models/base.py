@@ -3,6 +3,7 @@
 A family module (one file per family in this package) exposes:
 - `MODEL_TYPES`: the Hugging Face `model_type` strings it accepts;
 - `parse_config(config: dict) -> ModelSpec`: hyperparameters, validated;
+- `LAYER_NORMS`: the norm weights of one layer, in order (`compiler/weight_plan.py` lists them);
 - `prepare_weights(spec, tensors) -> dict[str, np.ndarray]`: HF tensors -> the graph's initializers;
 - `build_layer(g, spec, i, x, attn) -> str`: one decoder layer in the graph builder.
 """

@@ -15,7 +15,8 @@ from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, layer
 
 MODEL_TYPES = ("gemma3_text", "gemma3")
 
-_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+LAYER_NORMS = (  # per layer, in the order prepare_weights yields them
+    "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
 def _layer_types(config: dict, n: int) -> tuple[str, ...]:
@@ -82,7 +83,7 @@ def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]
     yield "model.embed_tokens.weight", get_tensor(tensors, "model.embed_tokens.weight")
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
-        for norm in _NORMS:
+        for norm in LAYER_NORMS:
             yield f"{p}.{norm}.weight", _norm(tensors, f"{p}.{norm}.weight")
         yield from layer_projection_weights(spec, tensors, p, norm=_norm)
     yield "model.norm.weight", _norm(tensors, "model.norm.weight")

@@ -14,6 +14,7 @@ from calculet.errors import ModelError
 from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")  # per layer, in the order prepare_weights yields them
 
 
 def parse_config(config: dict) -> ModelSpec:
@@ -58,8 +59,8 @@ def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]
     yield "model.embed_tokens.weight", get_tensor(tensors, "model.embed_tokens.weight")
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
-        yield f"{p}.input_layernorm.weight", get_tensor(tensors, f"{p}.input_layernorm.weight")
-        yield f"{p}.post_attention_layernorm.weight", get_tensor(tensors, f"{p}.post_attention_layernorm.weight")
+        for norm in LAYER_NORMS:
+            yield f"{p}.{norm}.weight", get_tensor(tensors, f"{p}.{norm}.weight")
         yield from layer_projection_weights(spec, tensors, p)
     yield "model.norm.weight", get_tensor(tensors, "model.norm.weight")
     if not spec.tie_word_embeddings:

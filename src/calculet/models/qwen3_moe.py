@@ -15,6 +15,7 @@ from calculet.models import llama
 from calculet.models.base import ModelSpec, MoeSpec, require
 
 MODEL_TYPES = ("qwen3_moe",)
+LAYER_NORMS = llama.LAYER_NORMS
 
 
 def moe_spec(config: dict, num_layers: int) -> MoeSpec:

@@ -431,6 +431,12 @@ def file_sha256(path: str, chunk_bytes: int = 4 << 20) -> str:
     return digest.hexdigest()
 
 
+def read_gguf_config(path: str) -> dict:
+    """Hugging Face config keys from a GGUF file's header alone: metadata and tensor table are
+    parsed, no tensor data is read or dequantized (what `calculet plan` needs)."""
+    return gguf_config(read_gguf(path))
+
+
 def load_gguf(path: str) -> SourceModel:
     """Read a GGUF file (gemma3, llama, qwen2 or qwen3) into HF config, HF-named tensors and tokenizer."""
     gf = read_gguf(path)

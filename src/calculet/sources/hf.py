@@ -15,7 +15,7 @@ from calculet.sources.base import LazyTensors, SourceModel
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None, "F64": np.float64}
 
 
-def _read_json(path: Path, what: str) -> dict:
+def read_json(path: Path, what: str) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -81,10 +81,10 @@ def load_hf_folder(folder: str | Path) -> SourceModel:
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelError("hf_not_found", f"{folder}: not a folder (expected a Hugging Face model folder with config.json)")
-    config = _read_json(folder / "config.json", "config.json")
+    config = read_json(folder / "config.json", "config.json")
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        weight_map = _read_json(index, "model.safetensors.index.json").get("weight_map", {})
+        weight_map = read_json(index, "model.safetensors.index.json").get("weight_map", {})
         files = sorted({folder / f for f in weight_map.values()})
     else:
         files = sorted(folder.glob("*.safetensors"))
@@ -101,10 +101,10 @@ def load_hf_folder(folder: str | Path) -> SourceModel:
     tok_path = folder / "tokenizer.json"
     if not tok_path.exists():
         raise ModelError("hf_missing_file", f"{tok_path}: tokenizer.json is missing (Calculet needs a fast tokenizer file)")
-    tok_config = _read_json(folder / "tokenizer_config.json", "tokenizer_config.json") if (folder / "tokenizer_config.json").exists() else {}
+    tok_config = read_json(folder / "tokenizer_config.json", "tokenizer_config.json") if (folder / "tokenizer_config.json").exists() else {}
     if "chat_template" not in tok_config and (folder / "chat_template.jinja").exists():
         tok_config["chat_template"] = (folder / "chat_template.jinja").read_text()
-    gen_config = _read_json(folder / "generation_config.json", "generation_config.json") if (folder / "generation_config.json").exists() else {}
+    gen_config = read_json(folder / "generation_config.json", "generation_config.json") if (folder / "generation_config.json").exists() else {}
     return SourceModel(
         kind="hf",
         path=str(folder),

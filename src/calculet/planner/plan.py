@@ -1,15 +1,18 @@
 """Capacity planner: will this model, at these lanes × context, fit on these chips?
 
-    plan_capacity(hparams, PlanRequest(...)) -> PlanReport
+    plan_capacity(model, PlanRequest(...)) -> PlanReport
 
 Per chip it adds up
-    parameters (by module and storage format, plan_params / plan_quant)
+    weights    = every tensor compile would store with these options (compiler/weight_plan.py:
+                 the compiler's policy table and byte formula), split over chips (params.py)
   + KV cache   = layers × kv_heads_per_chip × 2 × head_dim × context × lanes × bytes per element
-  + workspace  = the larger of one decode step (all lanes) and one prefill chunk (one lane)
+  + workspace  = the larger of one decode step (all lanes) and one prefill chunk (one lane),
+                 compiler/workspace.py (the formula the memory plan uses)
   + step I/O   = inputs and outputs (logits) of one decode step and one prefill chunk
 and compares the sum with the device memory less a guard (safety margin). It also searches the
 largest lanes at the requested context and the largest context at the requested lanes that fit.
-The compiler reuses `kv_cache_bytes` and `summarize_params` for its memory plan.
+Defaults are what compile builds (fp32 KV, activations and logits); `--kv-dtype bf16` and the like
+are planning assumptions for accelerators, and the report says so.
 """
 
 from __future__ import annotations
@@ -18,14 +21,19 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from calculet.calbin.plan_hparams import ModelHParams
-from calculet.calbin.plan_params import ParamSummary, Sharding, shard, summarize_params
-from calculet.calbin.plan_quant import FLOAT_BYTES, POLICY_DESCRIPTIONS, weight_policy
-from calculet.calbin.plan_units import MAX_DEVICE_BYTES, MIN_DEVICE_BYTES, human_bytes
+from calculet.compiler.options import FUSIONS
+from calculet.compiler.quantize import policy_table
+from calculet.compiler.weight_plan import weight_plan
+from calculet.compiler.workspace import workspace_bytes as _workspace
 from calculet.errors import RequestError
+from calculet.models.base import ModelSpec
+from calculet.planner.params import ParamSummary, Sharding, shard, summarize_params
+from calculet.planner.source import PlannedModel
+from calculet.planner.units import MAX_DEVICE_BYTES, MIN_DEVICE_BYTES, human_bytes
 
+COMPILED_DTYPE = "fp32"   # compile's KV cache, activations and logits
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-ACT_DTYPES = FLOAT_BYTES
+ACT_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MAX_LANES = 1 << 16
 MAX_CONTEXT = 1 << 24
 MAX_CHIPS = 1024
@@ -43,13 +51,14 @@ class PlanRequest:
     context: int                      # KV positions per lane
     device_memory_bytes: int          # per chip
     chips: int = 1                    # tensor-parallel degree
-    kv_dtype: str = "bf16"
-    weights: str = "default"          # weight policy name, see plan_quant.POLICIES
-    block_size: int = 32              # int4 block size
-    activation_dtype: str = "bf16"
-    logits_dtype: str = "bf16"
-    prefill_chunk: int = 512          # tokens per prefill step
+    kv_dtype: str = COMPILED_DTYPE    # other than fp32: a planning assumption (compile writes fp32 KV)
+    weights: str = "default"          # compile's weight policy (compiler/quantize.policy_table)
+    block_size: int = 32              # int8/int4 block size, as compile --block-size
+    activation_dtype: str = COMPILED_DTYPE
+    logits_dtype: str = COMPILED_DTYPE
+    prefill_chunk: int = 128          # tokens per prefill step (compile's largest default chunk)
     guard_fraction: float = 0.10      # share of device memory held back
+    fusions: frozenset[str] = frozenset(FUSIONS)   # compile's passes; coarse-head adds lm_head copies
 
     def __post_init__(self) -> None:
         for name, limit in (("lanes", MAX_LANES), ("context", MAX_CONTEXT), ("chips", MAX_CHIPS),
@@ -61,7 +70,9 @@ class PlanRequest:
         _check_choice("kv dtype", self.kv_dtype, KV_DTYPES)
         _check_choice("activation dtype", self.activation_dtype, ACT_DTYPES)
         _check_choice("logits dtype", self.logits_dtype, ACT_DTYPES)
-        weight_policy(self.weights, self.block_size)  # raises on an unknown policy or block size
+        policy_table(self.weights, self.block_size)  # raises on an unknown policy or block size
+        if unknown := set(self.fusions) - set(FUSIONS):
+            raise RequestError("bad_option", f"unknown fusion {sorted(unknown)}; known: {', '.join(FUSIONS)}")
         if not MIN_DEVICE_BYTES <= self.device_memory_bytes <= MAX_DEVICE_BYTES:
             raise RequestError("bad_size", f"device memory {self.device_memory_bytes:,} B is out of "
                                f"range; allowed {human_bytes(MIN_DEVICE_BYTES)} to "
@@ -129,7 +140,8 @@ class Fit:
 @dataclass(frozen=True)
 class PlanReport:
     source: str
-    hparams: ModelHParams
+    model: ModelSpec
+    buildable: bool                   # compile can build this family today
     request: PlanRequest
     params: ParamSummary
     kv: KvPlan
@@ -142,59 +154,46 @@ class PlanReport:
     warnings: tuple[str, ...]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps(asdict(self), indent=2, default=sorted)  # fusions: a sorted list
 
 
-def kv_cache_bytes(hp: ModelHParams, lanes: int, context: int, kv_dtype: str, kv_heads: int) -> int:
+def kv_cache_bytes(hp: ModelSpec, lanes: int, context: int, kv_dtype: str, kv_heads: int) -> int:
     """layers × kv_heads × 2 (K and V) × head_dim × context × lanes × bytes per element."""
-    return (hp.num_hidden_layers * kv_heads * 2 * hp.head_dim * context * lanes
+    return (hp.num_layers * kv_heads * 2 * hp.head_dim * context * lanes
             * KV_DTYPES[kv_dtype])
 
 
-def step_io(hp: ModelHParams, tokens: int, lanes: int, logit_rows: int, logits_dtype: str) -> StepIO:
+def step_io(hp: ModelSpec, tokens: int, lanes: int, logit_rows: int, logits_dtype: str) -> StepIO:
     inputs = tokens * _INPUT_BYTES_PER_TOKEN + lanes * _INPUT_BYTES_PER_LANE + _INPUT_BYTES_FIXED
     logits = logit_rows * hp.vocab_size * ACT_DTYPES[logits_dtype]
     return StepIO(tokens, inputs, logits, logits)
 
 
-def workspace_bytes(hp: ModelHParams, sh: Sharding, tokens: int, context: int, act: str) -> int:
-    """Upper bound on one layer's live intermediates per chip for `tokens` tokens at `context`."""
-    a, t, hd, c = ACT_DTYPES[act], tokens, hp.head_dim, sh.chips
-    q_c, kv_c = sh.q_heads_per_chip * hd, sh.kv_heads_per_chip * hd
-    hidden = 3 * t * hp.hidden_size * a                 # residual, normed input, partial sum
-    qkv = t * (q_c + 2 * kv_c) * a
-    scores = sh.q_heads_per_chip * t * context * 4      # [heads, tokens, context] fp32
-    attn_out = t * q_c * a
-    mlp = 0
-    if not hp.moe or len(hp.moe.sparse_layers) < hp.num_hidden_layers:
-        mlp = 3 * t * -(-hp.intermediate_size // c) * a  # gate, up, gate·up
-    if hp.moe:
-        moe = hp.moe
-        routed = 3 * t * moe.experts_per_token * -(-moe.expert_intermediate_size // c) * a
-        mlp = max(mlp, routed + t * moe.num_experts * 4)  # + router logits fp32
-    return hidden + qkv + scores + attn_out + mlp
+def workspace_bytes(hp: ModelSpec, sh: Sharding, lanes: int, tokens: int, context: int, act: str) -> int:
+    """compiler/workspace.py's formula, per chip, at the planned activation dtype."""
+    return _workspace(hp, lanes, tokens, context, chips=sh.chips, act_bytes=ACT_DTYPES[act])
 
 
-def plan_capacity(hp: ModelHParams, request: PlanRequest, source: str = "") -> PlanReport:
+def plan_capacity(model: PlannedModel, request: PlanRequest, source: str = "") -> PlanReport:
     """The full per-chip memory plan for `request`, with the largest lanes / context that fit."""
-    r = request
+    r, hp = request, model.spec
     sh = shard(hp, r.chips)
-    policy = weight_policy(r.weights, r.block_size)
-    params = summarize_params(hp, sh, policy)
+    params = summarize_params(hp, sh, weight_plan(hp, r))
+    rope = params_rope_bytes(params)
     guard = int(r.device_memory_bytes * r.guard_fraction)
     usable = r.device_memory_bytes - guard
-    budget_for = _budget_function(hp, sh, r, params.bytes_per_chip)
+    budget_for = _budget_function(hp, sh, r, params.bytes_per_chip - rope, rope // r.context)
 
-    kv_total = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, hp.num_key_value_heads)
+    kv_total = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, hp.num_kv_heads)
     kv_chip = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, sh.kv_heads_per_chip)
-    kv = KvPlan(r.kv_dtype, hp.num_hidden_layers, hp.num_key_value_heads, sh.kv_heads_per_chip,
+    kv = KvPlan(r.kv_dtype, hp.num_layers, hp.num_kv_heads, sh.kv_heads_per_chip,
                 hp.head_dim, r.context, r.lanes,
                 kv_cache_bytes(hp, 1, 1, r.kv_dtype, sh.kv_heads_per_chip), kv_total, kv_chip)
     chunk = min(r.prefill_chunk, r.context)
     decode = step_io(hp, r.lanes, r.lanes, r.lanes, r.logits_dtype)
     prefill = step_io(hp, chunk, 1, 1, r.logits_dtype)
-    ws_decode = workspace_bytes(hp, sh, r.lanes, r.context, r.activation_dtype)
-    ws_prefill = workspace_bytes(hp, sh, chunk, r.context, r.activation_dtype)
+    ws_decode = workspace_bytes(hp, sh, r.lanes, 1, r.context, r.activation_dtype)
+    ws_prefill = workspace_bytes(hp, sh, 1, chunk, r.context, r.activation_dtype)
     workspace = Workspace(ws_decode, ws_prefill, max(ws_decode, ws_prefill))
     required = budget_for(r.lanes, r.context)
     budget = Budget(r.device_memory_bytes, guard, usable, params.bytes_per_chip, kv_chip,
@@ -210,20 +209,26 @@ def plan_capacity(hp: ModelHParams, request: PlanRequest, source: str = "") -> P
     if model_max and memory_ctx > model_max:
         memory_ctx, limited_by = model_max, "max_position_embeddings"
     fit = Fit(required <= usable, max_lanes, memory_ctx, limited_by)
-    return PlanReport(source, hp, r, params, kv, decode, prefill, workspace, budget, fit,
-                      _assumptions(hp, sh, r, chunk), _warnings(hp, r))
+    return PlanReport(source, hp, model.buildable, r, params, kv, decode, prefill, workspace, budget, fit,
+                      _assumptions(hp, sh, r, chunk), _warnings(model, r))
 
 
-def _budget_function(hp: ModelHParams, sh: Sharding, r: PlanRequest,
-                     weights: int) -> Callable[[int, int], int]:
+def params_rope_bytes(params: ParamSummary) -> int:
+    """Rope tables grow with the context (the rest of the weights do not)."""
+    return next((row.bytes_per_chip for row in params.rows if row.module == "rope"), 0)
+
+
+def _budget_function(hp: ModelSpec, sh: Sharding, r: PlanRequest, weights: int,
+                     rope_per_position: int) -> Callable[[int, int], int]:
     """required bytes per chip as a function of (lanes, context); increasing in both."""
     def required(lanes: int, context: int) -> int:
         chunk = min(r.prefill_chunk, context)
         decode = step_io(hp, lanes, lanes, lanes, r.logits_dtype)
         prefill = step_io(hp, chunk, 1, 1, r.logits_dtype)
-        work = max(workspace_bytes(hp, sh, lanes, context, r.activation_dtype),
-                   workspace_bytes(hp, sh, chunk, context, r.activation_dtype))
-        return (weights + kv_cache_bytes(hp, lanes, context, r.kv_dtype, sh.kv_heads_per_chip)
+        work = max(workspace_bytes(hp, sh, lanes, 1, context, r.activation_dtype),
+                   workspace_bytes(hp, sh, 1, chunk, context, r.activation_dtype))
+        return (weights + rope_per_position * context
+                + kv_cache_bytes(hp, lanes, context, r.kv_dtype, sh.kv_heads_per_chip)
                 + work + decode.inputs_bytes + decode.outputs_bytes
                 + prefill.inputs_bytes + prefill.outputs_bytes)
     return required
@@ -242,22 +247,32 @@ def _largest(ok: Callable[[int], bool], limit: int) -> int:
     return lo
 
 
-def _assumptions(hp: ModelHParams, sh: Sharding, r: PlanRequest, chunk: int) -> tuple[str, ...]:
+def _assumptions(hp: ModelSpec, sh: Sharding, r: PlanRequest, chunk: int) -> tuple[str, ...]:
     notes = list(sh.notes)
     if r.chips > 1:
-        notes.append("q/k/v split by head, o_proj by input; MLP and each expert split along the FFN "
-                     "width; embeddings and lm_head split by vocabulary rows; norms and routers "
-                     "replicated")
+        notes.append("the compiler builds one chip today; for more, q/k/v split by head, o_proj by input; "
+                     "MLP and each expert split along the FFN width; embeddings, lm_head and its copies "
+                     "split by vocabulary rows; norms, routers and rope tables replicated")
     if hp.moe:
         notes.append(f"all {hp.moe.num_experts} experts resident on every chip "
-                     f"({len(hp.moe.sparse_layers)} of {hp.num_hidden_layers} layers routed); "
-                     f"{hp.moe.experts_per_token} active per token")
+                     f"({len(hp.moe.sparse_layers)} of {hp.num_layers} layers routed); "
+                     f"{hp.moe.experts_per_token} active per token; router fp32, experts in the mlp format")
+    notes.append(f"weights: compile's --weights {r.weights} --block-size {r.block_size} policy table; "
+                 f"int8/int4 codes plus a float32 scale per block; norms and biases fp32; passes "
+                 f"{', '.join(sorted(r.fusions)) or 'none'} (coarse-head adds int4 and int8 lm_head copies)")
+    notes.append("a GGUF source whose blocks sit on an exact grid may get block 16 (twice the scales) "
+                 "on those tensors")
+    for what, dtype in (("KV cache", r.kv_dtype), ("activations", r.activation_dtype),
+                        ("logits", r.logits_dtype)):
+        if dtype != COMPILED_DTYPE:
+            notes.append(f"{what} {dtype}: a planning assumption for accelerators; compile writes "
+                         f"{COMPILED_DTYPE} {what}")
     notes += [
         f"KV cache: static {r.kv_dtype} buffer of the full context for every layer and lane, "
         "updated in place" + (" (sliding-window layers are not trimmed)" if hp.sliding_window else ""),
         f"workspace: one layer's intermediates live at once, attention scores [heads, tokens, "
         f"context] in fp32 (unfused attention, an upper bound); the larger of one decode step over "
-        f"{r.lanes} lane(s) and one prefill chunk of {chunk} tokens",
+        f"{r.lanes} lane(s) and one prefill chunk of {chunk} tokens (compiler/workspace.py)",
         f"logits: {r.logits_dtype}, gathered to the full vocabulary on every chip (an upper bound); "
         "a prefill chunk emits logits for its last token only",
         "inputs per step: input_ids and position_ids int64 per token, seqlens_k int32 per lane, "
@@ -266,12 +281,12 @@ def _assumptions(hp: ModelHParams, sh: Sharding, r: PlanRequest, chunk: int) -> 
         "provider context and allocator fragmentation",
         "active parameters per token count the whole embedding and lm_head, as model cards do",
     ]
-    notes.append(f"weights {r.weights}: {POLICY_DESCRIPTIONS[r.weights]}")
     return tuple(notes)
 
 
-def _warnings(hp: ModelHParams, r: PlanRequest) -> tuple[str, ...]:
-    out = []
+def _warnings(model: PlannedModel, r: PlanRequest) -> tuple[str, ...]:
+    hp = model.spec
+    out = [model.note] if model.note else []
     if hp.max_position_embeddings and r.context > hp.max_position_embeddings:
         out.append(f"context {r.context:,} exceeds the model's max_position_embeddings "
                    f"{hp.max_position_embeddings:,}")

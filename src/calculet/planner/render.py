@@ -5,8 +5,8 @@ Every size is printed as exact bytes plus a binary human form: `2,013,265,920 B 
 
 from __future__ import annotations
 
-from calculet.calbin.plan import KV_DTYPES, PlanReport
-from calculet.calbin.plan_units import show_bytes
+from calculet.planner.plan import KV_DTYPES, PlanReport
+from calculet.planner.units import show_bytes
 
 
 def _count(n: int) -> str:
@@ -14,10 +14,12 @@ def _count(n: int) -> str:
 
 
 def render_text(rep: PlanReport) -> str:
-    hp, r, p, kv, b, fit = rep.hparams, rep.request, rep.params, rep.kv, rep.budget, rep.fit
-    lines = [f"capacity plan: {hp.architecture}" + (f"  ({rep.source})" if rep.source else "")]
-    lines.append(f"model      hidden {hp.hidden_size:,} · {hp.num_hidden_layers} layers · "
-                 f"{hp.num_attention_heads} heads, {hp.num_key_value_heads} KV head(s) · head_dim "
+    hp, r, p, kv, b, fit = rep.model, rep.request, rep.params, rep.kv, rep.budget, rep.fit
+    lines = [f"capacity plan: {hp.model_type}" + (f"  ({rep.source})" if rep.source else "")]
+    if not rep.buildable:
+        lines.append(f"NOTE: the compiler cannot build {hp.model_type} yet; this is a capacity estimate only")
+    lines.append(f"model      hidden {hp.hidden_size:,} · {hp.num_layers} layers · "
+                 f"{hp.num_heads} heads, {hp.num_kv_heads} KV head(s) · head_dim "
                  f"{hp.head_dim} · vocab {hp.vocab_size:,}"
                  + (" · tied embeddings" if hp.tie_word_embeddings else ""))
     if hp.moe:
@@ -30,11 +32,13 @@ def render_text(rep: PlanReport) -> str:
                  f"weights {r.weights} · KV {r.kv_dtype} · {show_bytes(r.device_memory_bytes)} "
                  f"per chip")
     lines.append("")
-    lines.append(f"{'per chip':<28}{'dtype':<16}{'params':>16}   bytes")
+    lines.append(f"{'weights per chip':<16}{'params':>16}   {'bytes':<34}formats")
     for row in p.rows:
-        lines.append(f"  {row.module:<26}{row.dtype:<16}{row.params_per_chip:>16,}   "
-                     f"{show_bytes(row.bytes_per_chip)}")
-    lines.append(f"  {'parameters':<26}{'':<16}{p.params_per_chip:>16,}   {show_bytes(b.weights_bytes)}")
+        lines.append(f"  {row.module:<14}{row.params:>16,}   {show_bytes(row.bytes_per_chip):<34}{row.formats}")
+    lines.append(f"  {'weights':<14}{p.total_params:>16,}   {show_bytes(b.weights_bytes)}")
+    if r.chips == 1:
+        lines.append(f"      graphs/weights.bin as compile writes it (64-byte aligned): "
+                     f"{show_bytes(p.weights_file_bytes)}")
     lines.append(f"  {'KV cache':<42}{'':>16}   {show_bytes(b.kv_bytes)}")
     lines.append(f"      = {kv.layers} layers × {kv.kv_heads_per_chip} KV head(s) × 2 × {kv.head_dim} × "
                  f"{kv.context:,} context × {kv.lanes:,} lanes × {KV_DTYPES[kv.dtype]} B ({kv.dtype})"

@@ -1,0 +1,223 @@
+"""Every tensor `compile` stores in weights.bin, listed from the model description alone.
+
+    weight_plan(spec, options) -> WeightPlan        (no weight is read)
+
+The rules are `quantize.store_weights`'s, as shapes and formats instead of arrays, so `calculet plan`
+reports what `compile` writes and `compile` checks what it wrote against this list (`check_stored`):
+- attention / mlp / lm_head / embedding follow `policy_table`; norms, biases and the MoE router stay
+  fp32; routed experts take the `mlp` format;
+- int8/int4 weights store codes (N·K·bits/8 bytes) and one float32 scale per block of K;
+- a tied, quantized embedding stores its codes once (the lm_head reads the same bytes); a tied fp32
+  embedding with a quantized lm_head gets a quantized lm_head copy;
+- the coarse-head pass adds an int4 copy and an int8 per-row copy of an int8 lm_head;
+- packing (qkv, gate-up) concatenates members along the output axis: same bytes, one name;
+- rope cos/sin tables [context, head_dim/2] fp32 per layer type sit in the same file.
+Tensor-parallel splits are declared per tensor (`Split`) for the planner; the compiler has one chip.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from calculet.compiler.options import CompileOptions
+from calculet.compiler.quantize import COARSE_BLOCKS, FP32, QuantFormat, policy_table
+from calculet.compiler.weights import ALIGN
+from calculet.errors import RequestError
+from calculet.models import family_for
+from calculet.models.base import ModelSpec
+
+FLOAT_BYTES = {"fp32": 4, "fp16": 2}
+# Roles: a parameter of the model, another encoding of one already listed, or a lookup table.
+PARAMETER, COPY, TABLE = "parameter", "copy", "table"
+# Shard units: q heads, KV heads, an FFN width (dense, expert or shared), vocabulary rows.
+UNITS = ("heads", "kv_heads", "ffn", "vocab")
+
+
+@dataclass(frozen=True)
+class Split:
+    """How tensor parallelism cuts one axis: the axis is the concatenation of `parts` (unit, size)."""
+    axis: int
+    parts: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    name: str                  # a quantized weight is stored as <name>.qcodes and <name>.qscales
+    module: str                # module class: embedding, attention, mlp, experts, router, lm_head, norm, other, rope
+    shape: tuple[int, ...]     # [N, K] = [out, in] as quantized; 1-D for norms and biases
+    fmt: QuantFormat
+    role: str = PARAMETER
+    split: Split | None = None  # None: replicated on every chip
+
+    @property
+    def params(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_bytes(self.fmt, self.shape)
+
+    def stored(self, block: int | None = None) -> tuple[tuple[str, int], ...]:
+        """(name in weights.bin, bytes) of each stored array; `block` overrides the format's block."""
+        fmt = self.fmt if block is None else QuantFormat(self.fmt.kind, block, self.fmt.compute)
+        if fmt.kind in FLOAT_BYTES:
+            return ((self.name, tensor_bytes(fmt, self.shape)),)
+        n, k = self.shape
+        codes, scales = n * k * fmt.bits // 8, n * -(-k // fmt.block) * 4
+        if self.name == "lm_head.coarse8":  # int8 [H, V] and one scale per vocabulary row
+            return ((f"{self.name}.weight", codes), (f"{self.name}.scale", scales))
+        return ((f"{self.name}.qcodes", codes), (f"{self.name}.qscales", scales))
+
+
+def tensor_bytes(fmt: QuantFormat, shape: tuple[int, ...]) -> int:
+    """Bytes of one tensor as the compiler stores it: fp32/fp16 elements, or block codes plus a
+    float32 scale per block (a row's last partial block, possible only per chip, counts whole)."""
+    if fmt.kind in FLOAT_BYTES:
+        return math.prod(shape) * FLOAT_BYTES[fmt.kind]
+    n, k = shape
+    blocks = -(-k // fmt.block)
+    return n * blocks * (fmt.block * fmt.bits // 8) + n * blocks * 4
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    policy: str
+    tensors: tuple[StoredTensor, ...]   # in the order compile stores them
+
+    @property
+    def file_bytes(self) -> int:
+        """weights.bin size: every stored array at a 64-byte aligned offset, in order."""
+        size = 0
+        for t in self.tensors:
+            for _, nbytes in t.stored():
+                size = -(-size // ALIGN) * ALIGN + nbytes
+        return size
+
+    def by_module(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tensors:
+            out[t.module] = out.get(t.module, 0) + t.nbytes
+        return out
+
+
+def weight_plan(spec: ModelSpec, options: CompileOptions) -> WeightPlan:
+    table = policy_table(options.weights, options.block_size)
+    tensors = [*_parameters(spec, table, options.fusions)]
+    if "coarse-head" in options.fusions:
+        tensors += _coarse_head(spec, tensors)
+    tensors += _rope_tables(spec, options.context)
+    for t in tensors:
+        if t.fmt.kind in ("int8", "int4") and t.shape[1] % t.fmt.block:
+            raise RequestError("bad_option", f"K={t.shape[1]} is not a multiple of the block size {t.fmt.block}; "
+                               f"choose a --block-size that divides it")
+    return WeightPlan(options.weights, tuple(tensors))
+
+
+def _parameters(spec: ModelSpec, table: dict[str, QuantFormat], fusions: frozenset[str]):
+    fmt = lambda cls: table.get(cls, FP32)  # noqa: E731
+    h, v, hd = spec.hidden_size, spec.vocab_size, spec.head_dim
+    q, kv = spec.num_heads * hd, spec.num_kv_heads * hd
+    vocab_rows = Split(0, (("vocab", v),))
+    emb, head = fmt("embedding"), fmt("lm_head")
+    tied_codes = spec.tie_word_embeddings and emb.kind not in ("fp32", "fp16")
+    if emb.kind == "fp16" or tied_codes:
+        yield StoredTensor("model.embed_tokens.weight", "embedding", (v, h), emb, split=vocab_rows)
+    else:  # an untied or fp32 embedding is stored in fp32; a quantized head then needs its own copy
+        yield StoredTensor("model.embed_tokens.weight", "embedding", (v, h), FP32, split=vocab_rows)
+        if spec.tie_word_embeddings and head.kind != "fp32":
+            yield StoredTensor("lm_head.weight", "lm_head", (v, h), head, COPY, vocab_rows)
+    norms = family_for({"model_type": spec.model_type}).LAYER_NORMS
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        for norm in norms:
+            yield StoredTensor(f"{p}.{norm}.weight", "norm", (h,), FP32)
+        a = fmt("attention")
+        qkv = (("q_proj", "heads", q), ("k_proj", "kv_heads", kv), ("v_proj", "kv_heads", kv))
+        if "qkv" in fusions:
+            parts = tuple((unit, n) for _, unit, n in qkv)
+            yield StoredTensor(f"{p}.self_attn.qkv_proj.weight", "attention", (q + 2 * kv, h), a, split=Split(0, parts))
+        else:
+            for proj, unit, n in qkv:
+                yield StoredTensor(f"{p}.self_attn.{proj}.weight", "attention", (n, h), a, split=Split(0, ((unit, n),)))
+        yield StoredTensor(f"{p}.self_attn.o_proj.weight", "attention", (h, q), a, split=Split(1, (("heads", q),)))
+        if spec.qkv_bias:
+            if "qkv" in fusions:
+                parts = tuple((unit, n) for _, unit, n in qkv)
+                yield StoredTensor(f"{p}.self_attn.qkv_proj.bias", "other", (q + 2 * kv,), FP32, split=Split(0, parts))
+            else:
+                for proj, unit, n in qkv:
+                    yield StoredTensor(f"{p}.self_attn.{proj}.bias", "other", (n,), FP32, split=Split(0, ((unit, n),)))
+        if spec.qk_norm:
+            for which in ("q_norm", "k_norm"):
+                yield StoredTensor(f"{p}.self_attn.{which}.weight", "norm", (hd,), FP32)
+        if spec.moe and spec.moe.is_sparse(i):
+            yield from _expert_block(spec, p, fmt("mlp"))
+        else:
+            yield from _gated_mlp(f"{p}.mlp", "mlp", spec.intermediate_size, h, fmt("mlp"), fusions)
+    yield StoredTensor("model.norm.weight", "norm", (h,), FP32)
+    if not spec.tie_word_embeddings:
+        yield StoredTensor("lm_head.weight", "lm_head", (v, h), head, split=vocab_rows)
+
+
+def _gated_mlp(prefix: str, module: str, f: int, h: int, fmt: QuantFormat, fusions=frozenset()):
+    cols, rows = Split(0, (("ffn", f),)), Split(1, (("ffn", f),))
+    if "gate-up" in fusions:
+        yield StoredTensor(f"{prefix}.gate_up_proj.weight", module, (2 * f, h), fmt, split=Split(0, (("ffn", f),) * 2))
+    else:
+        yield StoredTensor(f"{prefix}.gate_proj.weight", module, (f, h), fmt, split=cols)
+        yield StoredTensor(f"{prefix}.up_proj.weight", module, (f, h), fmt, split=cols)
+    yield StoredTensor(f"{prefix}.down_proj.weight", module, (h, f), fmt, split=rows)
+
+
+def _expert_block(spec: ModelSpec, p: str, fmt: QuantFormat):
+    """Router [E, H] in fp32 and E SwiGLU experts in the mlp format. The names follow Hugging Face's
+    Qwen3-MoE; the MoE compiler may pick others, and `check_stored` will say so."""
+    moe, h = spec.moe, spec.hidden_size
+    yield StoredTensor(f"{p}.mlp.gate.weight", "router", (moe.num_experts, h), FP32)
+    for e in range(moe.num_experts):
+        yield from _gated_mlp(f"{p}.mlp.experts.{e}", "experts", moe.expert_intermediate_size, h, fmt)
+    if moe.shared_expert_intermediate_size:
+        yield from _gated_mlp(f"{p}.mlp.shared_expert", "mlp", moe.shared_expert_intermediate_size, h, fmt)
+        yield StoredTensor(f"{p}.mlp.shared_expert_gate.weight", "router", (1, h), FP32)
+
+
+def _coarse_head(spec: ModelSpec, tensors: list[StoredTensor]) -> list[StoredTensor]:
+    """quantize._add_coarse_head: an int8 head (own or tied codes) gets an int4 and an int8 copy."""
+    by_name = {t.name: t for t in tensors}
+    head = by_name.get("lm_head.weight") or by_name["model.embed_tokens.weight"]
+    if head.fmt.kind != "int8":
+        return []
+    v, h = head.shape
+    block = next((b for b in COARSE_BLOCKS if h % b == 0), None)
+    if block is None:
+        return []
+    rows = Split(0, (("vocab", v),))
+    return [StoredTensor("lm_head.coarse", "lm_head", (v, h), QuantFormat("int4", block, "int8"), COPY, rows),
+            StoredTensor("lm_head.coarse8", "lm_head", (v, h), QuantFormat("int8", h, "int8"), COPY, rows)]
+
+
+def _rope_tables(spec: ModelSpec, context: int) -> list[StoredTensor]:
+    out = []
+    for layer_type in ("full", "sliding"):
+        if layer_type in spec.layer_types:
+            out += [StoredTensor(f"rope.{layer_type}.{f}", "rope", (context, spec.head_dim // 2), FP32, TABLE)
+                    for f in ("cos", "sin")]
+    return out
+
+
+def check_stored(plan: WeightPlan, store, record: dict[str, dict]) -> None:
+    """The compiler wrote exactly what the plan lists: same arrays, same order, same bytes.
+
+    Where the encoder chose a finer block than the policy's (an exact GGUF grid, see
+    `quantize.quantize_best_block`), the record's block is used. A mismatch is a compiler bug."""
+    expected = []
+    for t in plan.tensors:
+        block = record.get(t.name, {}).get("block") if t.fmt.kind in ("int8", "int4") else None
+        expected += t.stored(block)
+    actual = [(e.name, e.nbytes) for e in store.entries if e.name in store]
+    if expected != actual:
+        missing = [x for x in expected if x not in actual][:3]
+        extra = [x for x in actual if x not in expected][:3]
+        raise AssertionError(f"compiler/weight_plan.py disagrees with what store_weights wrote: "
+                             f"planned but not stored {missing}, stored but not planned {extra}")

@@ -1,0 +1,102 @@
+"""`calculet plan SOURCE --lanes N --context C --chips K --device-memory 32GiB`: capacity plan.
+
+Heavy imports stay inside `_run` so `calculet --help` stays fast. Bad input raises `RequestError`
+(or a model/source `ModelError`); the top-level CLI prints it on one line (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from calculet.errors import RequestError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan", help="capacity plan: what compile would store, KV cache and workspace per chip; does it fit?",
+        description="Plan memory per chip from a Hugging Face folder, its config.json or a GGUF file's "
+                    "metadata, without weights. The weights are what `calculet compile` would store "
+                    "with the same --weights, --block-size and passes. Exit 0 when it fits, 1 when it "
+                    "does not.",
+        epilog="weight policies: those of `calculet compile --weights` (its policy table, "
+               "compiler/quantize.py). KV, activation and logits dtypes other than fp32 are planning "
+               "assumptions for accelerators (compile writes fp32).\n\nsizes: 32GiB, 512MiB (binary) "
+               "or 16GB (decimal); a unit is required.", formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", metavar="SOURCE",
+                   help="a Hugging Face folder, its config.json, or a .gguf file")
+    p.add_argument("--lanes", default="1", help="batch lanes of the decode graph (default 1)")
+    p.add_argument("--context", default=None,
+                   help="KV positions per lane (default: the model's max_position_embeddings)")
+    p.add_argument("--kv-dtype", default="fp32",
+                   help="KV cache dtype: fp32 (what compile writes); fp16, bf16, fp8 for accelerator planning")
+    p.add_argument("--weights", default="default", metavar="POLICY", help="compile's weight policy (default: default)")
+    p.add_argument("--block-size", default="32", help="int8/int4 block size (default 32)")
+    p.add_argument("--no-fuse", action="append", metavar="NAME",
+                   help="as compile --no-fuse (coarse-head changes the stored bytes)")
+    p.add_argument("--chips", default="1", help="tensor-parallel chips (default 1)")
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="memory per chip, e.g. 32GiB (required)")
+    p.add_argument("--guard", default="10%", metavar="PERCENT",
+                   help="share of device memory held back as a safety margin (default 10%%)")
+    p.add_argument("--prefill-chunk", default="128", help="tokens per prefill chunk (default 128)")
+    p.add_argument("--activation-dtype", default="fp32",
+                   help="activation dtype: fp32 (compile); fp16, bf16 for accelerator planning")
+    p.add_argument("--logits-dtype", default="fp32",
+                   help="logits dtype: fp32 (compile); fp16, bf16 for accelerator planning")
+    p.add_argument("--json", action="store_true", help="print the PlanReport as JSON")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from calculet.compiler.options import parse_fusions
+    from calculet.planner.plan import PlanRequest, plan_capacity
+    from calculet.planner.render import render_text
+    from calculet.planner.source import load_model
+    from calculet.planner.units import parse_size
+
+    if args.device_memory is None:
+        raise RequestError("bad_argument", "--device-memory is required, e.g. --device-memory 32GiB")
+    # Check every argument before reading the source (a GGUF header can take seconds).
+    request = PlanRequest(
+        lanes=_integer(args.lanes, "--lanes"),
+        context=_integer(args.context, "--context") if args.context is not None else 1,
+        device_memory_bytes=parse_size(args.device_memory, what="--device-memory"),
+        chips=_integer(args.chips, "--chips"),
+        kv_dtype=args.kv_dtype,
+        weights=args.weights,
+        block_size=_integer(args.block_size, "--block-size"),
+        activation_dtype=args.activation_dtype,
+        logits_dtype=args.logits_dtype,
+        prefill_chunk=_integer(args.prefill_chunk, "--prefill-chunk"),
+        guard_fraction=_percent(args.guard, "--guard"),
+        fusions=parse_fusions(None, args.no_fuse),
+    )
+    model = load_model(args.source)
+    if args.context is None:
+        request = replace(request, context=model.spec.max_position_embeddings)
+    report = plan_capacity(model, request, source=str(args.source))
+    print(report.to_json() if args.json else render_text(report))
+    return 0 if report.fit.fits else 1
+
+
+def _integer(text: str, flag: str) -> int:
+    try:
+        value = int(str(text).replace("_", "").replace(",", ""))
+    except ValueError:
+        raise RequestError("bad_argument", f"{flag} must be a whole number, got {text!r}") from None
+    if value <= 0:
+        raise RequestError("bad_argument", f"{flag} must be at least 1, got {value}")
+    return value
+
+
+def _percent(text: str, flag: str) -> float:
+    raw = str(text).strip().removesuffix("%")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise RequestError("bad_argument", f"{flag} must be a percentage like 10%, got {text!r}") from None
+    if not 0.0 <= value <= 90.0:
+        raise RequestError("bad_argument", f"{flag} must be from 0% to 90%, got {text!r}")
+    return value / 100.0
