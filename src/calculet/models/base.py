@@ -148,6 +148,14 @@ def require(config: dict, key: str, source: str = "config.json"):
     return config[key]
 
 
+def require_positive(config: dict, key: str, source: str = "config.json") -> int:
+    """A key that must be a whole number > 0 (checked before anything is derived from it)."""
+    value = require(config, key, source)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelError("bad_config", f"{source}: {key} must be a whole number > 0, got {value!r}")
+    return value
+
+
 def eos_ids(config: dict) -> tuple[int, ...]:
     eos = config.get("eos_token_id")
     if eos is None:

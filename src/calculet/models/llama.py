@@ -11,7 +11,8 @@ from typing import Iterator
 import numpy as np
 
 from calculet.errors import ModelError
-from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require
+from calculet.models.base import (ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require,
+                                  require_positive)
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")  # per layer, in the order prepare_weights yields them
@@ -19,8 +20,8 @@ LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")  # per layer, in t
 
 def parse_config(config: dict) -> ModelSpec:
     model_type = config["model_type"]
-    hidden = int(require(config, "hidden_size"))
-    heads = int(require(config, "num_attention_heads"))
+    hidden = require_positive(config, "hidden_size")
+    heads = require_positive(config, "num_attention_heads")
     head_dim = int(config.get("head_dim") or hidden // heads)
     layers_n = int(require(config, "num_hidden_layers"))
     rope = RopeSpec.from_hf(config.get("rope_parameters") or config.get("rope_scaling"), config.get("rope_theta"))
