@@ -61,23 +61,29 @@ class StoredTensor:
     def stored(self, block: int | None = None) -> tuple[tuple[str, int], ...]:
         """(name in weights.bin, bytes) of each stored array; `block` overrides the format's block."""
         fmt = self.fmt if block is None else QuantFormat(self.fmt.kind, block, self.fmt.compute)
+        sizes = array_bytes(fmt, self.shape)
         if fmt.kind in FLOAT_BYTES:
-            return ((self.name, tensor_bytes(fmt, self.shape)),)
-        n, k = self.shape
-        codes, scales = n * k * fmt.bits // 8, n * -(-k // fmt.block) * 4
-        if self.name == "lm_head.coarse8":  # int8 [H, V] and one scale per vocabulary row
-            return ((f"{self.name}.weight", codes), (f"{self.name}.scale", scales))
-        return ((f"{self.name}.qcodes", codes), (f"{self.name}.qscales", scales))
+            names = (self.name,)
+        elif self.name == "lm_head.coarse8":  # int8 [H, V] and one scale per vocabulary row
+            names = (f"{self.name}.weight", f"{self.name}.scale")
+        else:
+            names = (f"{self.name}.qcodes", f"{self.name}.qscales")
+        return tuple(zip(names, sizes))
+
+
+def array_bytes(fmt: QuantFormat, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The arrays one tensor is stored as: (elements,) in fp32/fp16, or (codes, float32 scales)
+    with one scale per block of K (a row's last partial block, possible only per chip, counts whole)."""
+    if fmt.kind in FLOAT_BYTES:
+        return (math.prod(shape) * FLOAT_BYTES[fmt.kind],)
+    n, k = shape
+    blocks = -(-k // fmt.block)
+    return n * blocks * (fmt.block * fmt.bits // 8), n * blocks * 4
 
 
 def tensor_bytes(fmt: QuantFormat, shape: tuple[int, ...]) -> int:
-    """Bytes of one tensor as the compiler stores it: fp32/fp16 elements, or block codes plus a
-    float32 scale per block (a row's last partial block, possible only per chip, counts whole)."""
-    if fmt.kind in FLOAT_BYTES:
-        return math.prod(shape) * FLOAT_BYTES[fmt.kind]
-    n, k = shape
-    blocks = -(-k // fmt.block)
-    return n * blocks * (fmt.block * fmt.bits // 8) + n * blocks * 4
+    """Bytes of one tensor as the compiler stores it (all its arrays)."""
+    return sum(array_bytes(fmt, shape))
 
 
 @dataclass(frozen=True)
