@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
-from calculet.compiler.options import CompileOptions
 from calculet.compiler.quantize import COARSE_BLOCKS, FP32, QuantFormat, policy_table
 from calculet.compiler.weights import ALIGN
 from calculet.errors import RequestError
@@ -107,7 +107,15 @@ class WeightPlan:
         return out
 
 
-def weight_plan(spec: ModelSpec, options: CompileOptions) -> WeightPlan:
+class WeightOptions(Protocol):
+    """What the stored weights depend on: `CompileOptions`, or the planner's `PlanRequest`."""
+    weights: str
+    block_size: int
+    fusions: frozenset[str]
+    context: int
+
+
+def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
     table = policy_table(options.weights, options.block_size)
     tensors = [*_parameters(spec, table, options.fusions)]
     if "coarse-head" in options.fusions:
