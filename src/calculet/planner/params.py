@@ -104,7 +104,8 @@ def format_name(t: StoredTensor) -> str:
     f = t.fmt
     if f.kind in ("fp32", "fp16"):
         return f.kind
-    return f"{f.kind} b{f.block} ({f.compute} compute)"
+    block = "per row" if f.block >= t.shape[1] else f"b{f.block}"
+    return f"{f.kind} {block} ({f.compute} compute)"
 
 
 def summarize_params(spec: ModelSpec, sh: Sharding, plan: WeightPlan) -> ParamSummary:
