@@ -226,6 +226,8 @@ def test_gemma3_multimodal_config_plans_its_text_config():
     ({**QWEN3_06B, "num_key_value_heads": 3}, "must be a multiple of num_key_value_heads"),
     ({**MIXTRAL_8X7B, "num_experts_per_tok": 9}, "must be between 1 and num_experts"),
     ({**LLAMA3_8B, "hidden_size": 0}, "hidden_size must be a whole number > 0"),
+    ({**QWEN3_06B, "vocab_size": "many"}, "vocab_size must be a whole number > 0, got 'many'"),
+    ({**MIXTRAL_8X7B, "num_local_experts": -8}, "num_local_experts must be a whole number > 0"),
 ])
 def test_config_faults_come_from_models_as_bad_config(config, words):
     """Regression: the planner raised `config_bad_value` where models/ raised `bad_config` for the

@@ -11,7 +11,7 @@ from typing import Iterator
 import numpy as np
 
 from calculet.errors import ModelError
-from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require
+from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require_positive
 
 MODEL_TYPES = ("gemma3_text", "gemma3")
 
@@ -34,7 +34,7 @@ def _layer_types(config: dict, n: int) -> tuple[str, ...]:
 def parse_config(config: dict) -> ModelSpec:
     if config.get("model_type") == "gemma3":  # multimodal wrapper: take its text part
         config = {**config.get("text_config", {}), "model_type": "gemma3_text"}
-    n = int(require(config, "num_hidden_layers"))
+    n = require_positive(config, "num_hidden_layers")
     params = config.get("rope_parameters")
     if params and "full_attention" in params:
         rope_full = RopeSpec.from_hf(params["full_attention"], None)
@@ -52,18 +52,18 @@ def parse_config(config: dict) -> ModelSpec:
     return ModelSpec(
         family="gemma3",
         model_type="gemma3_text",
-        vocab_size=int(require(config, "vocab_size")),
-        hidden_size=int(require(config, "hidden_size")),
-        intermediate_size=int(require(config, "intermediate_size")),
+        vocab_size=require_positive(config, "vocab_size"),
+        hidden_size=require_positive(config, "hidden_size"),
+        intermediate_size=require_positive(config, "intermediate_size"),
         num_layers=n,
-        num_heads=int(require(config, "num_attention_heads")),
-        num_kv_heads=int(require(config, "num_key_value_heads")),
+        num_heads=require_positive(config, "num_attention_heads"),
+        num_kv_heads=require_positive(config, "num_key_value_heads"),
         head_dim=head_dim,
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         layer_types=_layer_types(config, n),
         rope_full=rope_full,
         rope_sliding=rope_local,
-        sliding_window=int(require(config, "sliding_window")),
+        sliding_window=require_positive(config, "sliding_window"),
         attn_scale=float(config.get("query_pre_attn_scalar", head_dim)) ** -0.5,
         tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
         qkv_bias=bool(config.get("attention_bias", False)),

@@ -11,8 +11,7 @@ from typing import Iterator
 import numpy as np
 
 from calculet.errors import ModelError
-from calculet.models.base import (ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require,
-                                  require_positive)
+from calculet.models.base import ModelSpec, RopeSpec, eos_ids, get_tensor, layer_projection_weights, require_positive
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")  # per layer, in the order prepare_weights yields them
@@ -23,7 +22,7 @@ def parse_config(config: dict) -> ModelSpec:
     hidden = require_positive(config, "hidden_size")
     heads = require_positive(config, "num_attention_heads")
     head_dim = int(config.get("head_dim") or hidden // heads)
-    layers_n = int(require(config, "num_hidden_layers"))
+    layers_n = require_positive(config, "num_hidden_layers")
     rope = RopeSpec.from_hf(config.get("rope_parameters") or config.get("rope_scaling"), config.get("rope_theta"))
     window = config.get("sliding_window") if (model_type == "mistral" or config.get("use_sliding_window")) else None
     act = config.get("hidden_act", "silu")
@@ -32,9 +31,9 @@ def parse_config(config: dict) -> ModelSpec:
     return ModelSpec(
         family="llama",
         model_type=model_type,
-        vocab_size=int(require(config, "vocab_size")),
+        vocab_size=require_positive(config, "vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(require(config, "intermediate_size")),
+        intermediate_size=require_positive(config, "intermediate_size"),
         num_layers=layers_n,
         num_heads=heads,
         num_kv_heads=int(config.get("num_key_value_heads") or heads),

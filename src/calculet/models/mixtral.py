@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from calculet.models import llama
-from calculet.models.base import ModelSpec, MoeSpec, require
+from calculet.models.base import ModelSpec, MoeSpec, require_positive
 
 MODEL_TYPES = ("mixtral",)
 LAYER_NORMS = llama.LAYER_NORMS
@@ -20,8 +20,8 @@ LAYER_NORMS = llama.LAYER_NORMS
 def parse_config(config: dict) -> ModelSpec:
     dense = llama.parse_config({**config, "model_type": "mistral"})
     moe = MoeSpec(
-        num_experts=int(require(config, "num_local_experts")),
-        experts_per_token=int(require(config, "num_experts_per_tok")),
+        num_experts=require_positive(config, "num_local_experts"),
+        experts_per_token=require_positive(config, "num_experts_per_tok"),
         expert_intermediate_size=dense.intermediate_size,
         sparse_layers=tuple(range(dense.num_layers)),
         norm_topk_prob=True,

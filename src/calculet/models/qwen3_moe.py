@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from calculet.errors import ModelError
 from calculet.models import llama
-from calculet.models.base import ModelSpec, MoeSpec, require
+from calculet.models.base import ModelSpec, MoeSpec, require_positive
 
 MODEL_TYPES = ("qwen3_moe",)
 LAYER_NORMS = llama.LAYER_NORMS
@@ -25,9 +25,9 @@ def moe_spec(config: dict, num_layers: int) -> MoeSpec:
         raise ModelError("bad_config", f"mlp_only_layers must be a list of layer indices, got {dense!r}")
     sparse = tuple(i for i in range(num_layers) if i not in set(dense) and (i + 1) % step == 0)
     return MoeSpec(
-        num_experts=int(require(config, "num_experts")),
-        experts_per_token=int(require(config, "num_experts_per_tok")),
-        expert_intermediate_size=int(require(config, "moe_intermediate_size")),
+        num_experts=require_positive(config, "num_experts"),
+        experts_per_token=require_positive(config, "num_experts_per_tok"),
+        expert_intermediate_size=require_positive(config, "moe_intermediate_size"),
         sparse_layers=sparse,
         norm_topk_prob=bool(config.get("norm_topk_prob", False)),  # transformers' default
     )
