@@ -16,7 +16,8 @@ from calculet.errors import CalculetError
 _COMMANDS = [
     "calculet.compiler.cli",   # compile
     "calculet.runtime.cli",    # run
-    "calculet.calbin.cli",     # validate, inspect
+    "calculet.calbin.cli",     # inspect
+    "calculet.validation",     # validate (gates A-E from calbin/, gate F through the runtime)
     "calculet.planner.cli",    # plan
     "calculet.server.cli",     # serve
     "calculet.bench.cli",      # bench

@@ -80,14 +80,14 @@ def _graph(g: GraphSummary) -> list[str]:
 
 def _memory(report: InspectReport) -> list[str]:
     mem = report.memory
-    out = [f"memory plan ({mem.unit}, alignment {mem.alignment}): total {mem.total_bytes} ({show_bytes(mem.total_bytes)}), "
-           f"device memory required {mem.device_memory_required_bytes} ({show_bytes(mem.device_memory_required_bytes)})"]
-    rows = [(r.name, r.kind, r.offset, r.size, r.end, show_bytes(r.size)) for r in mem.regions]
-    out += ["  " + line for line in _table(rows, ("region", "kind", "offset", "size", "end", ""), right={2, 3, 4, 5})]
-    out.append("  by kind: " + ", ".join(f"{k} {show_bytes(v)}" for k, v in mem.bytes_by_kind().items()))
-    if mem.aliases:
-        out.append(f"  aliases ({len(mem.aliases)}): " + ", ".join(f"{a} -> {b}" for a, b in mem.aliases[:4])
-                   + (" …" if len(mem.aliases) > 4 else ""))
+    out = [f"memory plan ({mem.unit}): the runtime holds {mem.total_bytes} ({show_bytes(mem.total_bytes)}); "
+           f"ONNX Runtime workspace about {show_bytes(mem.workspace_estimate_bytes)} more (an estimate)"]
+    rows = [("weights", "mapped once", mem.weights_bytes, show_bytes(mem.weights_bytes)),
+            ("kv", f"{mem.kv.buffers} x {list(mem.kv.buffer_shape)} {mem.kv.dtype}", mem.kv.total_bytes,
+             show_bytes(mem.kv.total_bytes))]
+    rows += [(f"staging {s.graph}", f"{s.bindings} x {s.binding_bytes}", s.total_bytes, show_bytes(s.total_bytes))
+             for s in mem.staging]
+    out += ["  " + line for line in _table(rows, ("buffer", "made of", "bytes", ""), right={2, 3})]
     return out
 
 

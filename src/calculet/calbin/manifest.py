@@ -1,26 +1,53 @@
-"""The calbin manifest: the versioned contract between compiler and runtime.
+"""The calbin manifest: the versioned contract between compiler and runtime, as frozen types.
 
 A calbin is a folder:
 
-    manifest.json          this schema (everything below, plus a size and SHA-256 per file)
+    manifest.json          a `Manifest` (everything below, plus a size and SHA-256 per file)
     tokenizer.json         Hugging Face tokenizers file
     graphs/weights.bin     every initializer once, 64-byte aligned, shared by all graphs
-    graphs/prefill_<S>.onnx, graphs/decode.onnx
+    graphs/<name>.onnx     one per entry point: prefill_<S>, decode_<n>, head_<n> (see graphspec.py)
     golden/golden.json     reference prompts, top-k logits and greedy tokens (when the reference extra was installed)
+
+The compiler builds one complete `Manifest`; the runtime, the gates and `inspect` read its typed
+sections. JSON is only the on-disk form: `Manifest.to_json` / `Manifest.from_json` are the one
+translation, and `write_manifest` / `read_manifest` the one place that touches manifest.json and
+checks the schema version. (`read_manifest_json` hands gates A and B the raw document, so that a
+broken manifest is judged field by field instead of failing to parse.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from calculet.calbin.graphspec import DTYPE_BYTES, GraphSpec
+from calculet.calbin.memory_plan import MemoryPlan
 from calculet.errors import ModelError
+from calculet.models.base import ModelSpec
 
-SCHEMA_VERSION = "calculet.calbin/1"
+SCHEMA_VERSION = "calculet.calbin/2"
 SUPPORTED_SCHEMAS = (SCHEMA_VERSION,)
+# Older schemas this reader recognises only to say how to get a current calbin.
+RETIRED_SCHEMAS = {"calculet.calbin/1": "its memory plan and manifest sections changed in calculet.calbin/2"}
 MANIFEST = "manifest.json"
+TARGETS = ("cpu", "portable")   # cpu: ONNX Runtime contrib ops, KV in place; portable: standard ONNX ops only
+
+
+def recompile_hint(folder: str | Path) -> str:
+    return (f"recompile it from its source with `calculet compile SOURCE -o {folder}` "
+            f"(the compile cache recompiles by itself: its key hashes the compiler)")
+
+
+def schema_problem(version, folder: str | Path) -> str | None:
+    """None when this reader reads `version`; otherwise the message that says what to do."""
+    if version in SUPPORTED_SCHEMAS:
+        return None
+    if version in RETIRED_SCHEMAS:
+        return (f"{folder}: schema_version {version!r} is from an older calculet ({RETIRED_SCHEMAS[version]}); "
+                f"this calculet reads {', '.join(SUPPORTED_SCHEMAS)}: {recompile_hint(folder)}")
+    return f"{folder}: schema_version {version!r} is not supported; supported: {', '.join(SUPPORTED_SCHEMAS)}"
 
 
 @dataclass(frozen=True)
@@ -28,7 +55,7 @@ class Profile:
     lanes: int
     context: int
     prefill_chunks: tuple[int, ...]
-    decode_lanes: tuple[int, ...] = ()   # decode batch sizes compiled (the largest is `lanes`)
+    decode_lanes: tuple[int, ...]   # decode batch sizes compiled (the largest is `lanes`)
 
     def __post_init__(self):
         if self.lanes < 1 or self.lanes > 256:
@@ -41,6 +68,10 @@ class Profile:
             if s < 1 or s > self.context:
                 raise ModelError("bad_profile", f"prefill chunk {s} must be in 1..context ({self.context})")
 
+    @staticmethod
+    def from_json(d: dict) -> "Profile":
+        return Profile(d["lanes"], d["context"], tuple(d["prefill_chunks"]), tuple(d["decode_lanes"]))
+
 
 @dataclass(frozen=True)
 class TokenizerInfo:
@@ -51,6 +82,10 @@ class TokenizerInfo:
     pad_token_id: int | None
     add_bos_token: bool
     chat_template: str | None
+
+    @staticmethod
+    def from_json(d: dict) -> "TokenizerInfo":
+        return TokenizerInfo(**{**d, "eos_token_ids": tuple(d["eos_token_ids"])})
 
 
 @dataclass(frozen=True)
@@ -71,7 +106,120 @@ class KVLayout:
     @property
     def bytes_per_buffer(self) -> int:
         n = self.lanes * self.kv_heads * self.context * self.head_dim
-        return n * {"float32": 4, "float16": 2}[self.dtype]
+        return n * DTYPE_BYTES[self.dtype]
+
+    @property
+    def total_bytes(self) -> int:
+        """Every layer's K and V buffer: layers x 2 x lanes x kv_heads x context x head_dim x dtype bytes."""
+        return 2 * self.num_layers * self.bytes_per_buffer
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    kind: str            # "hf" | "gguf"
+    path: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    family: str
+    model_type: str
+    hyperparameters: ModelSpec
+    source: SourceInfo
+
+    def to_json(self) -> dict:
+        return {"family": self.family, "model_type": self.model_type, "hyperparameters": self.hyperparameters.to_json(),
+                "source": _plain(self.source)}
+
+    @staticmethod
+    def from_json(d: dict) -> "ModelInfo":
+        return ModelInfo(d["family"], d["model_type"], ModelSpec.from_json(d["hyperparameters"]), SourceInfo(**d["source"]))
+
+
+@dataclass(frozen=True)
+class WeightTensor:
+    name: str
+    dtype: str           # numpy dtype name
+    shape: tuple[int, ...]
+    offset: int          # bytes from the start of the weights file
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    file: str
+    bytes: int
+    layout: str          # a sentence on how tensors are laid out
+    tensors: tuple[WeightTensor, ...]
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "bytes": self.bytes, "layout": self.layout,
+                "tensors": [{**_plain(t), "shape": list(t.shape)} for t in self.tensors]}
+
+    @staticmethod
+    def from_json(d: dict) -> "WeightsInfo":
+        return WeightsInfo(d["file"], d["bytes"], d.get("layout", ""),
+                           tuple(WeightTensor(t["name"], t["dtype"], tuple(t["shape"]), t["offset"], t["nbytes"])
+                                 for t in d["tensors"]))
+
+
+@dataclass(frozen=True)
+class TensorFormat:
+    """How one weight is stored. `module` is a module class string of the policy table (embedding,
+    attention, mlp, lm_head, norm, ...: families may add their own, e.g. router or experts)."""
+    kind: str                         # fp32 | fp16 | int8 | int4
+    block: int = 0                    # quantization block along K (0: not block-quantized)
+    compute: str = "fp32"             # the precision the kernel computes in
+    module: str = ""
+    exact_blocks: float | None = None   # share of blocks re-encoded exactly (values already on a grid)
+    max_abs_error: float | None = None
+    role: str | None = None             # a helper copy's job, e.g. the coarse lm_head's candidate selection
+
+    @property
+    def quantized(self) -> bool:
+        return self.kind != "fp32"
+
+    @property
+    def label(self) -> str:
+        """`fp32`, `fp16`, or e.g. `int8 b32 (int8 compute)`."""
+        return self.kind if self.kind in ("fp32", "fp16") else f"{self.kind} b{self.block} ({self.compute} compute)"
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in _plain(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Quantization:
+    policy: str
+    table: dict[str, TensorFormat]      # module class -> the policy's format for it
+    tensors: dict[str, TensorFormat]    # every weight -> its stored format
+
+    def to_json(self) -> dict:
+        return {"policy": self.policy, "table": {k: v.to_json() for k, v in self.table.items()},
+                "tensors": {k: v.to_json() for k, v in self.tensors.items()}}
+
+    @staticmethod
+    def from_json(d: dict) -> "Quantization":
+        return Quantization(d["policy"], {k: TensorFormat(**v) for k, v in (d.get("table") or {}).items()},
+                            {k: TensorFormat(**v) for k, v in d["tensors"].items()})
+
+
+@dataclass(frozen=True)
+class GoldenInfo:
+    file: str
+    prompts: int
+    tokens: int
+    thresholds: dict[str, float]        # as golden.json states them (gate F checks the two agree)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    calculet: str
+    onnx: str
+    onnxruntime: str
+    numpy: str
+    python: str
 
 
 @dataclass(frozen=True)
@@ -80,25 +228,55 @@ class FileEntry:
     sha256: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class Manifest:
     schema_version: str
-    target: str
-    model: dict              # family, model_type, hyperparameters (ModelSpec), source {kind, path, sha256}
+    target: str                         # one of TARGETS
+    model: ModelInfo
     tokenizer: TokenizerInfo
     profile: Profile
-    graphs: list[dict]       # GraphSpec.to_json()
+    graphs: tuple[GraphSpec, ...]
     kv: KVLayout
-    weights: dict            # {file, bytes, tensors: [TensorEntry]}
-    quantization: dict       # {policy, modules: {tensor: dtype}}
-    memory_plan: dict        # see compiler/memory_plan.py
-    golden: dict | None
-    toolchain: dict
-    files: dict[str, FileEntry] = field(default_factory=dict)
-    passes: list[str] = field(default_factory=list)   # fusion passes applied
+    weights: WeightsInfo
+    quantization: Quantization
+    memory_plan: MemoryPlan
+    golden: GoldenInfo | None
+    toolchain: Toolchain
+    files: dict[str, FileEntry]         # every file but manifest.json, by path relative to the calbin
+    passes: tuple[str, ...] = ()        # fusion passes applied
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.model.hyperparameters
+
+    def graph(self, name: str) -> GraphSpec | None:
+        """The graph named exactly `name` (never by prefix or substring)."""
+        return next((g for g in self.graphs if g.name == name), None)
+
+    def graphs_of(self, kind: str) -> list[GraphSpec]:
+        return [g for g in self.graphs if g.type == kind]
+
+    @property
+    def quantized(self) -> bool:
+        return any(t.quantized for t in self.quantization.tensors.values())
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {
+            "schema_version": self.schema_version,
+            "target": self.target,
+            "model": self.model.to_json(),
+            "tokenizer": {**_plain(self.tokenizer), "eos_token_ids": list(self.tokenizer.eos_token_ids)},
+            "profile": {k: list(v) if isinstance(v, tuple) else v for k, v in _plain(self.profile).items()},
+            "graphs": [g.to_json() for g in self.graphs],
+            "kv": _plain(self.kv),
+            "weights": self.weights.to_json(),
+            "quantization": self.quantization.to_json(),
+            "memory_plan": self.memory_plan.to_json(),
+            "golden": None if self.golden is None else _plain(self.golden),
+            "toolchain": _plain(self.toolchain),
+            "files": {k: _plain(v) for k, v in self.files.items()},
+            "passes": list(self.passes),
+        }
 
     @staticmethod
     def from_json(d: dict) -> "Manifest":
@@ -106,24 +284,28 @@ class Manifest:
             return Manifest(
                 schema_version=d["schema_version"],
                 target=d["target"],
-                model=d["model"],
-                tokenizer=TokenizerInfo(**{**d["tokenizer"], "eos_token_ids": tuple(d["tokenizer"]["eos_token_ids"])}),
-                profile=Profile(d["profile"]["lanes"], d["profile"]["context"], tuple(d["profile"]["prefill_chunks"]),
-                                tuple(d["profile"].get("decode_lanes", ()))),
-                graphs=d["graphs"],
+                model=ModelInfo.from_json(d["model"]),
+                tokenizer=TokenizerInfo.from_json(d["tokenizer"]),
+                profile=Profile.from_json(d["profile"]),
+                graphs=tuple(GraphSpec.from_json(g) for g in d["graphs"]),
                 kv=KVLayout(**d["kv"]),
-                weights=d["weights"],
-                quantization=d["quantization"],
-                memory_plan=d["memory_plan"],
-                golden=d.get("golden"),
-                toolchain=d["toolchain"],
+                weights=WeightsInfo.from_json(d["weights"]),
+                quantization=Quantization.from_json(d["quantization"]),
+                memory_plan=MemoryPlan.from_json(d["memory_plan"]),
+                golden=None if d.get("golden") is None else GoldenInfo(**d["golden"]),
+                toolchain=Toolchain(**d["toolchain"]),
                 files={k: FileEntry(**v) for k, v in d["files"].items()},
-                passes=list(d.get("passes", [])),
+                passes=tuple(d.get("passes", ())),
             )
         except KeyError as exc:
             raise ModelError("manifest_missing_field", f"manifest.json lacks the field {exc.args[0]!r}") from None
-        except TypeError as exc:
+        except (TypeError, AttributeError) as exc:
             raise ModelError("manifest_bad_field", f"manifest.json has a malformed section: {exc}") from None
+
+
+def _plain(obj) -> dict:
+    """A flat dataclass's fields as a dict (one level: nested sections write their own JSON)."""
+    return {k: getattr(obj, k) for k in obj.__dataclass_fields__}
 
 
 def sha256_file(path: Path) -> str:
@@ -156,11 +338,10 @@ def read_manifest_json(folder: str | Path) -> dict:
 
 
 def read_manifest(folder: str | Path) -> Manifest:
-    path = Path(folder) / MANIFEST
     data = read_manifest_json(folder)
-    version = data.get("schema_version")
-    if version not in SUPPORTED_SCHEMAS:
-        raise ModelError("manifest_schema", f"{path}: schema_version {version!r} is not supported; supported: {', '.join(SUPPORTED_SCHEMAS)}")
+    problem = schema_problem(data.get("schema_version"), folder)
+    if problem:
+        raise ModelError("manifest_schema", problem)
     return Manifest.from_json(data)
 
 

@@ -1,7 +1,10 @@
-"""`validate_calbin(path, options) -> ValidationReport`: run gates A–F over a calbin folder.
+"""`validate_calbin(path, options, later) -> ValidationReport`: run gates A–E (and `later` ones) over a calbin.
 
-    read manifest.json ─▶ A files ─▶ B manifest ─┬─▶ C contract ─▶ D memory ─▶ E graphs ─┬─▶ F numerics
+    read manifest.json ─▶ A files ─▶ B manifest ─┬─▶ C contract ─▶ D memory ─▶ E graphs ─┬─▶ later (F numerics)
                                                  └ skipped when B finds the manifest unreadable   └ only when A–E pass
+
+calbin/ holds the structural gates only. A later gate (gate F, golden numerics, needs the runtime)
+is passed in by a higher layer: `calculet.validation` is what `calculet validate` runs.
 
 A folder that is not a calbin, or a manifest.json that is not a JSON object, raises `ModelError`:
 there is nothing to judge. Everything else becomes a check in the report. A gate that stumbles over
@@ -24,20 +27,24 @@ __all__ = ["ValidationOptions", "ValidationReport", "all_rules", "render_table",
 _UNEXPECTED = (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError, OverflowError)
 
 
-def all_rules() -> list[Rule]:
+def all_rules(later: tuple = ()) -> list[Rule]:
     """Every rule, gate by gate: the stable check ids a report can hold (besides `<gate>.unreadable`)."""
-    return [rule for _, module in GATES for rule in module.RULES]
+    return [rule for _, module in (*GATES, *later) for rule in module.RULES]
 
 
-def validate_calbin(path: str | Path, options: ValidationOptions = ValidationOptions()) -> ValidationReport:
+def validate_calbin(path: str | Path, options: ValidationOptions = ValidationOptions(),
+                    later: tuple = ()) -> ValidationReport:
+    """Gates A–E, then each `(letter, gate)` of `later` (a gate has `RULES` and `run(ctx)`), which runs
+    only when A–E pass."""
     t0 = time.perf_counter()
     folder = Path(path)
     ctx = GateContext(folder, read_manifest_json(folder), options)
     checks: list[Check] = []
     seconds: dict[str, float] = {}
-    for gate, module in GATES:
+    structural = {gate for gate, _ in GATES}
+    for gate, module in (*GATES, *later):
         t = time.perf_counter()
-        reason = _skip_reason(gate, checks)
+        reason = _skip_reason(gate, checks, gate not in structural)
         if reason:
             checks += [rule.skip(reason) for rule in module.RULES]
         else:
@@ -46,13 +53,13 @@ def validate_calbin(path: str | Path, options: ValidationOptions = ValidationOpt
     return ValidationReport(str(folder), options, tuple(checks), seconds, time.perf_counter() - t0)
 
 
-def _skip_reason(gate: str, checks: list[Check]) -> str | None:
+def _skip_reason(gate: str, checks: list[Check], later: bool) -> str | None:
     failed = [c.id for c in checks if c.status is Status.FAIL]
-    if gate in "CDEF":
+    if gate not in "AB":
         blocking = [i for i in failed if i in schema.BLOCKING or i == "B.unreadable"]
         if blocking:
             return f"not run: the manifest cannot be read safely ({', '.join(blocking)} failed)"
-    if gate == "F" and failed:
+    if later and failed:
         more = " …" if len(failed) > 4 else ""
         return f"not run: numerics are not judged on a package that fails gates A–E ({', '.join(failed[:4])}{more} failed)"
     return None

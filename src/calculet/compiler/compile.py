@@ -1,4 +1,4 @@
-"""compile: source -> calbin folder. Steps: read source, spec, weights, graphs, golden, plan, manifest.
+"""compile: source -> calbin folder. Steps: read source, spec, weights, graphs, golden, then the manifest, once.
 
 Everything is written into a temporary folder beside the output and renamed at the end, so a
 failure never leaves a half-written calbin.
@@ -17,13 +17,14 @@ import numpy as np
 import onnx
 
 from calculet import __version__
-from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, KVLayout, Manifest, Profile, sha256_file,
-                                      write_manifest)
+from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, GoldenInfo, KVLayout, Manifest, ModelInfo, Profile,
+                                      Quantization, SourceInfo, TensorFormat, Toolchain, WeightsInfo, WeightTensor,
+                                      sha256_file, write_manifest)
 from calculet.compiler import decoder
 from calculet.compiler import graphs as G
 from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.options import CompileOptions
-from calculet.compiler.quantize import format_label, policy_table, store_weights
+from calculet.compiler.quantize import policy_table, store_weights
 from calculet.compiler.tokenizer import tokenizer_info
 from calculet.compiler.weight_plan import check_stored, weight_plan
 from calculet.compiler.weights import WEIGHTS_FILE, WeightStore
@@ -45,10 +46,9 @@ def _progress(total: int, desc: str, unit: str = "it", **kw):
     return tqdm(total=total, desc=desc, unit=unit, leave=False, mininterval=0.5, delay=1.0, **kw)
 
 
-def _toolchain() -> dict:
+def _toolchain() -> Toolchain:
     import onnxruntime
-    return {"calculet": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-            "numpy": np.__version__, "python": platform.python_version()}
+    return Toolchain(__version__, onnx.__version__, onnxruntime.__version__, np.__version__, platform.python_version())
 
 
 def compile_calbin(source_path: str | None, out: str | Path, options: CompileOptions, log=print) -> Path:
@@ -103,36 +103,41 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
 
     kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim,
                   in_place)
-    graphs = [gs.to_json() for gs in signatures]
     golden = _golden(folder, source, spec, tok, profile, options, log)
-    manifest = Manifest(
+    weights_info = WeightsInfo(f"graphs/{WEIGHTS_FILE}", weights.nbytes,
+                               "MatMul weights [in, out]; embeddings and lm_head [vocab, hidden]",
+                               tuple(WeightTensor(e.name, e.dtype, tuple(e.shape), e.offset, e.nbytes) for e in weights.entries))
+    write_manifest(Manifest(   # built once, complete: every file is written before it
         schema_version=SCHEMA_VERSION,
         target=options.target,
-        model={"family": spec.family, "model_type": spec.model_type, "hyperparameters": spec.to_json(),
-               "source": {"kind": source.kind, "path": source.path, "sha256": source.source_sha256}},
+        model=ModelInfo(spec.family, spec.model_type, spec, SourceInfo(source.kind, source.path, source.source_sha256)),
         tokenizer=tok,
         profile=profile,
-        graphs=graphs,
+        graphs=tuple(signatures),
         kv=kv,
-        weights={"file": f"graphs/{WEIGHTS_FILE}", "bytes": weights.nbytes, "layout": "MatMul weights [in, out]; embeddings and lm_head [vocab, hidden]",
-                 "tensors": [e.to_json() for e in weights.entries]},
-        quantization={"policy": options.weights, "table": {k: v.to_json() for k, v in table.items()},
-                      "modules": {name: format_label(r) for name, r in quant_record.items()},
-                      "tensors": quant_record},
-        memory_plan=build_memory_plan(spec, kv, weights.nbytes, graphs),
+        weights=weights_info,
+        quantization=Quantization(options.weights, {k: TensorFormat(**v.to_json()) for k, v in table.items()},
+                                  {name: TensorFormat(**r) for name, r in quant_record.items()}),
+        memory_plan=build_memory_plan(spec, kv, weights.nbytes, signatures),
         golden=golden,
         toolchain=_toolchain(),
-        passes=sorted(options.fusions),
-    )
+        files=_file_table(folder),
+        passes=tuple(sorted(options.fusions)),
+    ), folder)
+
+
+def _file_table(folder: Path) -> dict[str, FileEntry]:
+    """Size and SHA-256 of every file written so far (all of them but manifest.json)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file())
+    table = {}
     with _progress(sum(p.stat().st_size for p in files), "hash files", "B", unit_scale=True) as bar:
         for p in files:
-            manifest.files[str(p.relative_to(folder))] = FileEntry(p.stat().st_size, sha256_file(p))
+            table[str(p.relative_to(folder))] = FileEntry(p.stat().st_size, sha256_file(p))
             bar.update(p.stat().st_size)
-    write_manifest(manifest, folder)
+    return table
 
 
-def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, log) -> dict | None:
+def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, log) -> GoldenInfo | None:
     if not options.golden:
         return None
     try:
@@ -148,8 +153,7 @@ def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, l
         golden = golden_mod.make_golden(source, prompts, n_tokens=options.golden_tokens, topk=10,
                                         thresholds=thresholds, progress=bar)
     golden_mod.write_golden(golden, folder / "golden")
-    return {"file": "golden/golden.json", "prompts": len(golden.prompts), "tokens": options.golden_tokens,
-            "thresholds": asdict(thresholds)}
+    return GoldenInfo("golden/golden.json", len(golden.prompts), options.golden_tokens, asdict(thresholds))
 
 
 def golden_thresholds(policy: str):

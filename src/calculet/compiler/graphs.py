@@ -1,4 +1,4 @@
-"""The compiled entry points and their static signatures, and the graph each one becomes.
+"""The compiled entry points, their static signatures (`calbin.graphspec` types) and the graph each becomes.
 
 Entry points (one shape profile: B lanes, context C, prefill chunk sizes S1 < S2 < ..., decode
 batch sizes n1 < ... < B):
@@ -19,56 +19,14 @@ its own small graphs so its (large) weights are prepared once per row count, not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from onnx import ModelProto
 
+from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, GraphSpec, TensorSpec, kv_names
 from calculet.compiler import attention_portable, decoder, layers
 from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.weights import WeightStore
 from calculet.models.base import ModelSpec, lm_head_name
-
-PREFILL, DECODE, HEAD = "prefill", "decode", "head"
-GRAPH_TYPES = (PREFILL, DECODE, HEAD)
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str  # numpy dtype name
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
-
-    @staticmethod
-    def from_json(d: dict) -> "TensorSpec":
-        return TensorSpec(d["name"], tuple(d["shape"]), d["dtype"])
-
-
-@dataclass(frozen=True)
-class GraphSpec:
-    name: str
-    type: str        # "prefill" | "decode" | "head"
-    lanes: int       # batch rows of this graph
-    tokens: int      # tokens per lane per call
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-    @property
-    def file(self) -> str:
-        return f"graphs/{self.name}.onnx"
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "type": self.type, "file": self.file, "lanes": self.lanes, "tokens": self.tokens,
-                "inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs]}
-
-    @staticmethod
-    def from_json(d: dict) -> "GraphSpec":
-        return GraphSpec(d["name"], d["type"], int(d["lanes"]), int(d["tokens"]),
-                         tuple(TensorSpec.from_json(t) for t in d["inputs"]),
-                         tuple(TensorSpec.from_json(t) for t in d["outputs"]))
 
 
 def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, context: int,
@@ -84,7 +42,7 @@ def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: i
         inputs.append(TensorSpec("last_index", (1,), "int64"))
     outputs = [TensorSpec("hidden", (lanes, spec.hidden_size), "float32")]
     for i in range(spec.num_layers):
-        pk, pv, nk, nv = layers.kv_names(i)
+        pk, pv, nk, nv = kv_names(i)
         inputs += [TensorSpec(pk, kv_shape, "float32"), TensorSpec(pv, kv_shape, "float32")]
         if in_place:
             outputs += [TensorSpec(nk, kv_shape, "float32"), TensorSpec(nv, kv_shape, "float32")]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from calculet.calbin.graphspec import kv_names
 from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
 
 
@@ -165,10 +166,6 @@ class AttentionInputs:
     total_seq_len: str      # int32 scalar: the longest lane's total length
     rope: dict              # layer type ("full"/"sliding") -> (cos name, sin name), each [C, D/2]
     portable: object = None  # attention_portable.PortableContext on the portable target
-
-
-def kv_names(layer: int) -> tuple[str, str, str, str]:
-    return (f"past_key.{layer}", f"past_value.{layer}", f"present_key.{layer}", f"present_value.{layer}")
 
 
 def self_attention(g: GraphBuilder, spec, layer: int, x: str, ctx: AttentionInputs) -> str:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calculet.calbin.manifest import TARGETS
 from calculet.compiler.quantize import WEIGHT_POLICIES, policy_table
 from calculet.errors import RequestError
 
-TARGETS = ("cpu", "portable")
 PORTABLE_POLICIES = ("fp32", "fp16", "int8")
 # Fusion passes, each switchable for A/B runs (--no-fuse NAME):
 #   sampling-head  TopK on the logits inside the head graph (host reads K candidates, not the vocabulary)

@@ -75,15 +75,6 @@ def policy_table(name: str, block: int = 32) -> dict[str, QuantFormat]:
 WEIGHT_POLICIES = ("default", "fp32", "fp16", "int8", "w8a8", "int4", "w4a8")
 
 
-def format_label(record: dict) -> str:
-    """`float32`, or e.g. `int8 b32 (int8 compute)` for the manifest's per-module table."""
-    if record["kind"] == "fp32":
-        return "float32"
-    if record["kind"] == "fp16":
-        return "float16"
-    return f"{record['kind']} b{record['block']} ({record['compute']} compute)"
-
-
 def module_class(name: str) -> str:
     if name == "model.embed_tokens.weight":
         return "embedding"

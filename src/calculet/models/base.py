@@ -141,6 +141,19 @@ class ModelSpec:
     def to_json(self) -> dict:
         return asdict(self)
 
+    @staticmethod
+    def from_json(d: dict) -> "ModelSpec":
+        """The inverse of `to_json` (a calbin manifest's `model.hyperparameters`)."""
+        moe = d.get("moe")
+        return ModelSpec(**{
+            **d,
+            "layer_types": tuple(d["layer_types"]),
+            "rope_full": RopeSpec(**d["rope_full"]),
+            "rope_sliding": None if d.get("rope_sliding") is None else RopeSpec(**d["rope_sliding"]),
+            "eos_token_ids": tuple(d.get("eos_token_ids", ())),
+            "moe": None if moe is None else MoeSpec(**{**moe, "sparse_layers": tuple(moe["sparse_layers"])}),
+        })
+
 
 def require(config: dict, key: str, source: str = "config.json"):
     if key not in config or config[key] is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from calculet.compiler.graphs import GraphSpec
+from calculet.calbin.graphspec import GraphSpec
 from calculet.runtime.lanes import Lanes
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from calculet.calbin.manifest import Manifest, read_manifest, verify_files
-from calculet.compiler.graphs import DECODE, HEAD, PREFILL, GraphSpec
+from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, GraphSpec
 from calculet.errors import DeviceError, ModelError
 from calculet.runtime.providers import PROVIDERS, check_active, choose_provider
 
@@ -58,7 +58,7 @@ class Program:
         self.path = Path(path)
         self.manifest: Manifest = read_manifest(self.path)
         verify_files(self.manifest, self.path, full_hash=full_hash)
-        self.graphs = [GraphSpec.from_json(g) for g in self.manifest.graphs]
+        self.graphs = list(self.manifest.graphs)
         self.prefill_graphs = self._of(PREFILL, key=lambda g: g.tokens)
         self.decode_graphs = self._of(DECODE, key=lambda g: g.lanes)
         self.head_graphs = {g.lanes: g for g in self._of(HEAD, key=lambda g: g.lanes)}
@@ -88,11 +88,11 @@ class Program:
     @property
     def quantized(self) -> bool:
         """Quantized MatMulNBits kernels only run fast on prepacked weights, so every session prepacks."""
-        return any(t.get("kind", "fp32") != "fp32" for t in self.manifest.quantization.get("tensors", {}).values())
+        return self.manifest.quantized
 
     @property
     def vocab_size(self) -> int:
-        return int(self.manifest.model["hyperparameters"]["vocab_size"])
+        return self.manifest.spec.vocab_size
 
     @property
     def candidates(self) -> int:
@@ -107,13 +107,13 @@ class Program:
     def _weight_values(self):
         import onnxruntime as ort
 
-        wfile = self.path / self.manifest.weights["file"]
+        wfile = self.path / self.manifest.weights.file
         self._weights = np.memmap(wfile, dtype=np.uint8, mode="r")
         values = {}
-        for t in self.manifest.weights["tensors"]:
-            count = int(np.prod(t["shape"])) if t["shape"] else 1
-            array = np.frombuffer(self._weights, dtype=t["dtype"], count=count, offset=t["offset"]).reshape(t["shape"])
-            values[t["name"]] = ort.OrtValue.ortvalue_from_numpy(array)
+        for t in self.manifest.weights.tensors:
+            count = int(np.prod(t.shape)) if t.shape else 1
+            array = np.frombuffer(self._weights, dtype=t.dtype, count=count, offset=t.offset).reshape(t.shape)
+            values[t.name] = ort.OrtValue.ortvalue_from_numpy(array)
         return values
 
     def open_sessions(self, config: DeviceConfig) -> None:

@@ -79,7 +79,7 @@ class ModelHost:
         engine = Engine(device, tokenizer, cfg.engine_config(), observer=self.metrics)
         self.metrics.watch(engine.snapshot, lambda: engine.healthy)
         engine.start()
-        source = device.program.manifest.model.get("source", {}).get("path")
+        source = device.program.manifest.model.source.path
         return LoadedModel(cfg.model_name(calbin, source), engine, tokenizer, chat, problem,
                            device.lanes.context, device.lanes.count, int(time.time()))
 

@@ -1,7 +1,7 @@
 """What every gate reads: the calbin folder, its manifest as raw JSON, and lazily loaded pieces.
 
 Gates A and B work on the raw JSON (a broken manifest must still be judged, not crash a parser);
-gates C–F also get the typed `Manifest` once gate B has shown it parses. ONNX graphs are loaded
+later gates read only the typed `Manifest`, set once gate B has shown it parses. ONNX graphs are loaded
 once, without their external weights, and shared by gates C and E.
 """
 
@@ -34,7 +34,7 @@ class GateContext:
     _tokenizer: dict | None = None
     _tokenizer_error: str | None = None
 
-    # --- raw-manifest helpers (never raise on a malformed manifest) -----------------------
+    # --- raw-manifest helpers for gates A and B (never raise on a malformed manifest) -------
     def section(self, key: str) -> dict:
         value = self.raw.get(key)
         return value if isinstance(value, dict) else {}
@@ -42,10 +42,6 @@ class GateContext:
     def graphs(self) -> list[dict]:
         value = self.raw.get("graphs")
         return [g for g in value if isinstance(g, dict)] if isinstance(value, list) else []
-
-    def hparams(self) -> dict:
-        hp = self.section("model").get("hyperparameters")
-        return hp if isinstance(hp, dict) else {}
 
     # --- lazily loaded pieces ------------------------------------------------------------
     def onnx_model(self, rel: str):
@@ -74,7 +70,7 @@ class GateContext:
     def tokenizer_json(self) -> dict | str:
         """tokenizer.json parsed, or a string saying why it could not be read."""
         if self._tokenizer is None and self._tokenizer_error is None:
-            rel = str(self.section("tokenizer").get("file", "tokenizer.json"))
+            rel = self.manifest.tokenizer.file if self.manifest is not None else "tokenizer.json"
             if not inside(self.folder, rel):
                 self._tokenizer_error = f"{rel}: the path leaves the calbin folder"
                 return self._tokenizer_error

@@ -1,6 +1,6 @@
 """Gate C, contract (vocabulary half): the model, the graphs' logits and the tokenizer agree on the vocab.
 
-    hyperparameters.vocab_size == logits [rows, V] of every graph that emits logits
+    hyperparameters.vocab_size == logits [rows, V] of every head graph (and any graph that emits logits)
                                >= manifest tokenizer.vocab_size == ids in tokenizer.json
     BOS / EOS / PAD ids are tokens of tokenizer.json and inside the vocab
 
@@ -11,7 +11,7 @@ library: the check needs the ids only, and a 262k-entry tokenizer loads several 
 from __future__ import annotations
 
 from calculet.calbin.gates.context import GateContext
-from calculet.calbin.gates.layout import expected_layout
+from calculet.calbin.graphspec import HEAD, GraphSpec
 from calculet.calbin.validate_report import Check, Rule
 
 VOCAB = Rule("C.vocab", "vocab agrees: model, every graph's logits (and top-k), the manifest's tokenizer entry and tokenizer.json")
@@ -24,8 +24,8 @@ def run(ctx: GateContext) -> list[Check]:
     m = ctx.manifest
     vocab_ids, problem = tokenizer_ids(ctx)
     return [
-        VOCAB.check(_vocab_problems(ctx, vocab_ids), f"vocab {ctx.hparams().get('vocab_size')}",
-                    {"model": ctx.hparams().get("vocab_size"), "tokenizer_manifest": m.tokenizer.vocab_size,
+        VOCAB.check(_vocab_problems(ctx, vocab_ids), f"vocab {m.spec.vocab_size}",
+                    {"model": m.spec.vocab_size, "tokenizer_manifest": m.tokenizer.vocab_size,
                      "tokenizer_json": max(vocab_ids) + 1 if vocab_ids else None}),
         TOKENIZER.check([problem] if problem else [], "tokenizer.json readable"),
         SPECIAL_TOKENS.check(_special_problems(ctx, vocab_ids), "special token ids in range",
@@ -51,24 +51,20 @@ def tokenizer_ids(ctx: GateContext) -> tuple[set[int] | None, str | None]:
     return ids, None
 
 
-def _shape(g: dict, name: str) -> list | None:
-    for t in g.get("outputs", []):
-        if isinstance(t, dict) and t.get("name") == name:
-            return t.get("shape") or []
-    return None
+def _shape(g: GraphSpec, name: str) -> list | None:
+    t = g.output(name)
+    return None if t is None else list(t.shape)
 
 
 def _vocab_problems(ctx: GateContext, vocab_ids: set[int] | None) -> list[str]:
-    vocab = ctx.hparams().get("vocab_size")
+    vocab = ctx.manifest.spec.vocab_size
     declared = ctx.manifest.tokenizer.vocab_size
-    layout = expected_layout(ctx.section("profile"))
     problems = []
-    for g in ctx.graphs():
-        name, logits = g.get("name"), _shape(g, "logits")
-        must = g.get("type") == "head" if layout.split else g.get("type") in ("prefill", "decode")
+    for g in ctx.manifest.graphs:
+        name, logits = g.name, _shape(g, "logits")
         if logits is None:
-            if must:
-                problems.append(f"graph {name!r} ({g.get('type')}) has no logits output")
+            if g.type == HEAD:
+                problems.append(f"graph {name!r} ({g.type}) has no logits output")
             continue
         if logits[-1:] != [vocab]:
             problems.append(f"graph {name!r}: logits {logits} cover {logits[-1] if logits else None} ids, the model vocab is {vocab}")
@@ -88,7 +84,7 @@ def _vocab_problems(ctx: GateContext, vocab_ids: set[int] | None) -> list[str]:
 
 
 def _special_problems(ctx: GateContext, vocab_ids: set[int] | None) -> list[str]:
-    tok, vocab = ctx.manifest.tokenizer, ctx.hparams().get("vocab_size")
+    tok, vocab = ctx.manifest.tokenizer, ctx.manifest.spec.vocab_size
     limit = min(vocab, tok.vocab_size)
     problems = []
     named = [("bos", tok.bos_token_id), ("pad", tok.pad_token_id)] + [("eos", e) for e in tok.eos_token_ids]

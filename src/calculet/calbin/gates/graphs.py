@@ -13,6 +13,8 @@ from onnx import TensorProto, helper
 
 from calculet.calbin.gates import ops
 from calculet.calbin.gates.context import GateContext, inside
+from calculet.calbin.graphspec import GraphSpec
+from calculet.calbin.manifest import WeightTensor
 from calculet.calbin.validate_report import Check, Rule, Severity
 
 LOAD = Rule("E.load", "every graph file parses as an ONNX model")
@@ -25,12 +27,12 @@ RULES = (LOAD, CHECKER, SHAPE_INFERENCE, EXTERNAL_DATA, OP_INVENTORY, PORTABLE_O
 
 
 def run(ctx: GateContext) -> list[Check]:
-    graphs = ctx.graphs()
+    graphs = ctx.manifest.graphs
     load, checker, inference, external = [], [], [], []
     inventories: dict[str, ops.OpInventory] = {}
-    tensors = {t["name"]: t for t in ctx.section("weights").get("tensors", []) if isinstance(t, dict)}
+    tensors = {t.name: t for t in ctx.manifest.weights.tensors}
     for g in graphs:
-        name, rel = g["name"], g["file"]
+        name, rel = g.name, g.file
         model = ctx.onnx_model(rel)
         if model is None:
             load.append(ctx.onnx_error(rel))
@@ -54,7 +56,7 @@ def run(ctx: GateContext) -> list[Check]:
         SHAPE_INFERENCE.check(inference, f"{n - len(load)} graphs pass strict shape inference"),
         EXTERNAL_DATA.check(external, "external initializers match weights.bin and the tensor table"),
         _inventory(inventories),
-        _portable(ctx.raw.get("target"), inventories),
+        _portable(ctx.manifest.target, inventories),
     ]
 
 
@@ -64,10 +66,10 @@ def _first_line(exc: Exception) -> str:
     return " ".join(lines[:2])[:300] if lines else type(exc).__name__
 
 
-def _external_problems(ctx: GateContext, g: dict, model, tensors: dict[str, dict]) -> list[str]:
-    name = g["name"]
-    graph_dir = Path(g["file"]).parent
-    weights_rel = ctx.section("weights").get("file")
+def _external_problems(ctx: GateContext, g: GraphSpec, model, tensors: dict[str, WeightTensor]) -> list[str]:
+    name = g.name
+    graph_dir = Path(g.file).parent
+    weights_rel = ctx.manifest.weights.file
     problems = []
     sizes: dict[str, int] = {}
     for t in model.graph.initializer:
@@ -97,9 +99,9 @@ def _external_problems(ctx: GateContext, g: dict, model, tensors: dict[str, dict
             problems.append(f"graph {name!r}: initializer {t.name!r} is not in the manifest's weights.tensors")
             continue
         dtype = helper.tensor_dtype_to_np_dtype(t.data_type).name
-        if (offset, length, dtype, list(t.dims)) != (entry.get("offset"), entry.get("nbytes"), entry.get("dtype"), list(entry.get("shape", []))):
+        if (offset, length, dtype, list(t.dims)) != (entry.offset, entry.nbytes, entry.dtype, list(entry.shape)):
             problems.append(f"graph {name!r}: {t.name} is {dtype}{list(t.dims)} at [{offset}, +{length}); the tensor table says "
-                            f"{entry.get('dtype')}{entry.get('shape')} at [{entry.get('offset')}, +{entry.get('nbytes')})")
+                            f"{entry.dtype}{list(entry.shape)} at [{entry.offset}, +{entry.nbytes})")
     return problems
 
 

@@ -1,12 +1,10 @@
 """The entry points a profile implies, by exact name: what gates B and C hold the graphs to.
 
-Two layouts exist under schema calculet.calbin/1; the profile says which:
+    prefill_<S> per chunk size                     one lane, S tokens   -> hidden [1, H]
+    decode_<n>  per decode size (decode_lanes ∪ {lanes})                 -> hidden [n, H]
+    head_<n>    per row count (decode sizes ∪ {1})  hidden [n, H]        -> logits [n, V]
 
-    single (no profile.decode_lanes):   prefill_<S> per chunk, decode            -> logits [rows, V]
-    split  (profile.decode_lanes):      prefill_<S> per chunk, decode_<n> per     -> hidden [rows, H]
-                                        decode size (decode_lanes ∪ {lanes}),
-                                        head_<n> per row count (decode sizes ∪ {1})  hidden -> logits
-
+This is the only layout the runtime runs (runtime/program.py needs a head for every body's rows).
 Names are compared exactly, never by prefix or substring.
 """
 
@@ -14,14 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PREFILL, DECODE, HEAD = "prefill", "decode", "head"
-GRAPH_TYPES = (PREFILL, DECODE, HEAD)
-BODY_TYPES = (PREFILL, DECODE)
+from calculet.calbin.graphspec import BODY_KINDS, DECODE, GRAPH_KINDS, HEAD, PREFILL
+
+__all__ = ["BODY_KINDS", "DECODE", "GRAPH_KINDS", "HEAD", "PREFILL", "Layout", "expected_layout"]
 
 
 @dataclass(frozen=True)
 class Layout:
-    split: bool                   # bodies output `hidden`; head_<n> graphs turn it into logits
     prefill: dict[str, int]       # name -> tokens
     decode: dict[str, int]        # name -> lanes
     head: dict[str, int]          # name -> rows
@@ -30,21 +27,14 @@ class Layout:
     def names(self) -> list[str]:
         return [*self.prefill, *self.decode, *self.head]
 
-    def kind_of(self, name: str) -> str | None:
-        for kind, names in ((PREFILL, self.prefill), (DECODE, self.decode), (HEAD, self.head)):
-            if name in names:
-                return kind
-        return None
-
 
 def _ints(value) -> list[int]:
-    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, list) else []
+    return [v for v in value if isinstance(v, int) and not isinstance(v, bool)] if isinstance(value, (list, tuple)) else []
 
 
-def expected_layout(profile: dict) -> Layout:
-    lanes = profile.get("lanes") if isinstance(profile.get("lanes"), int) else 0
-    prefill = {f"prefill_{s}": s for s in _ints(profile.get("prefill_chunks"))}
-    if "decode_lanes" not in profile:
-        return Layout(False, prefill, {"decode": lanes}, {})
-    sizes = sorted(set(_ints(profile.get("decode_lanes"))) | {lanes})
-    return Layout(True, prefill, {f"decode_{n}": n for n in sizes}, {f"head_{n}": n for n in sorted(set(sizes) | {1})})
+def expected_layout(lanes, prefill_chunks, decode_lanes) -> Layout:
+    """From a profile's fields (raw JSON values in gate B, typed ones in gate C)."""
+    lanes = lanes if isinstance(lanes, int) else 0
+    prefill = {f"prefill_{s}": s for s in _ints(prefill_chunks)}
+    sizes = sorted(set(_ints(decode_lanes)) | {lanes})
+    return Layout(prefill, {f"decode_{n}": n for n in sizes}, {f"head_{n}": n for n in sorted(set(sizes) | {1})})

@@ -1,8 +1,12 @@
-"""Gate B, manifest: the manifest is a well-formed `calculet.calbin/1` document.
+"""Gate B, manifest: the manifest is a well-formed `calculet.calbin/2` document.
+
+This gate reads the raw JSON (the one reader besides `Manifest.from_json`), so that a broken
+manifest is judged field by field; gates C–E then read the typed `Manifest` it parsed.
+
 
 Known schema version; required fields present with the right JSON types; graph types from the
 allowed set; graph names unique and equal, exactly, to the entry points the profile implies
-(see layout.py: `prefill_<S>`, `decode` or `decode_<n>`, `head_<n>`): "decode_v2" does not stand in for "decode";
+(see layout.py: `prefill_<S>`, `decode_<n>`, `head_<n>`): "decode_v2" does not stand in for "decode";
 every size in bytes, said so in its name or by the memory plan's `unit`.
 """
 
@@ -10,10 +14,12 @@ from __future__ import annotations
 
 import re
 
-from calculet.calbin.manifest import SUPPORTED_SCHEMAS, Manifest, Profile
+from calculet.calbin.graphspec import DTYPE_BYTES, GRAPH_KINDS, KV_DTYPES
+from calculet.calbin.manifest import TARGETS, Manifest, Profile, schema_problem
+from calculet.calbin.memory_plan import UNIT as PLAN_UNIT
 from calculet.calbin.validate_report import Check, Rule, Severity
 from calculet.calbin.gates.context import GateContext
-from calculet.calbin.gates.layout import GRAPH_TYPES, expected_layout
+from calculet.calbin.gates.layout import expected_layout
 from calculet.errors import ModelError
 
 SCHEMA_VERSION = Rule("B.schema_version", "the schema version is one this reader supports")
@@ -33,12 +39,7 @@ RULES = (SCHEMA_VERSION, REQUIRED_FIELD, PARSE, TARGET, PROFILE, DTYPE_KNOWN, GR
 # When one of these fails, gates C-F cannot read the manifest safely and are skipped.
 BLOCKING = {SCHEMA_VERSION.id, REQUIRED_FIELD.id, PARSE.id, DTYPE_KNOWN.id, SIZE_UNIT.id}
 
-TARGETS = ("cpu", "cuda", "portable")
-KV_DTYPES = ("float32", "float16")
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2,
-               "int8": 1, "uint8": 1, "bool": 1}
 DTYPES = tuple(DTYPE_BYTES)
-PLAN_UNIT = "bytes"
 OTHER_UNITS = ("_b", "_kb", "_mb", "_gb", "_tb", "_kib", "_mib", "_gib", "_tib", "_bits", "_words")
 
 _INT, _STR, _BOOL, _LIST, _DICT = "integer", "string", "boolean", "list", "object"
@@ -55,6 +56,7 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("tokenizer.bos_token_id", _INT + "?"), ("tokenizer.eos_token_ids", _LIST), ("tokenizer.pad_token_id", _INT + "?"),
     ("tokenizer.add_bos_token", _BOOL), ("tokenizer.chat_template", _STR + "?"),
     ("profile", _DICT), ("profile.lanes", _INT), ("profile.context", _INT), ("profile.prefill_chunks", _LIST),
+    ("profile.decode_lanes", _LIST),
     ("graphs", _LIST), ("graphs[].name", _STR), ("graphs[].type", _STR), ("graphs[].file", _STR),
     ("graphs[].lanes", _INT), ("graphs[].tokens", _INT), ("graphs[].inputs", _LIST), ("graphs[].outputs", _LIST),
     *((f"graphs[].{io}[].{k}", t) for io in ("inputs", "outputs") for k, t in (("name", _STR), ("shape", _LIST), ("dtype", _STR))),
@@ -64,24 +66,27 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("weights.tensors[].name", _STR), ("weights.tensors[].dtype", _STR), ("weights.tensors[].shape", _LIST),
     ("weights.tensors[].offset", _SIZE), ("weights.tensors[].nbytes", _SIZE),
     ("quantization", _DICT), ("quantization.policy", _STR),
-    ("memory_plan", _DICT), ("memory_plan.unit", _STR), ("memory_plan.regions", _LIST),
-    ("memory_plan.regions[].name", _STR), ("memory_plan.regions[].kind", _STR),
-    ("memory_plan.regions[].offset", _SIZE), ("memory_plan.regions[].size", _SIZE),
-    ("memory_plan.aliases", _LIST), ("memory_plan.aliases[].name", _STR), ("memory_plan.aliases[].alias_of", _STR),
-    ("memory_plan.total_bytes", _SIZE), ("memory_plan.device_memory_required_bytes", _SIZE),
-    ("toolchain", _DICT),
+    ("quantization.tensors", _DICT),
+    ("memory_plan", _DICT), ("memory_plan.unit", _STR), ("memory_plan.weights_bytes", _SIZE),
+    ("memory_plan.kv", _DICT), ("memory_plan.kv.dtype", _STR), ("memory_plan.kv.buffer_shape", _LIST),
+    ("memory_plan.kv.buffers", _INT), ("memory_plan.kv.buffer_bytes", _SIZE), ("memory_plan.kv.total_bytes", _SIZE),
+    ("memory_plan.staging", _LIST), ("memory_plan.staging[].graph", _STR), ("memory_plan.staging[].bindings", _INT),
+    ("memory_plan.staging[].binding_bytes", _SIZE), ("memory_plan.staging[].total_bytes", _SIZE),
+    ("memory_plan.total_bytes", _SIZE), ("memory_plan.workspace_estimate_bytes", _SIZE),
+    ("toolchain", _DICT), *((f"toolchain.{k}", _STR) for k in ("calculet", "onnx", "onnxruntime", "numpy", "python")),
     ("files", _DICT), ("files.*.bytes", _SIZE), ("files.*.sha256", _SHA256),
 )
-# Byte counts outside the memory plan (inside it, every number is in memory_plan.unit).
-SIZE_FIELDS = ("files.*.bytes", "weights.bytes", "weights.tensors[].offset", "weights.tensors[].nbytes")
+# Byte counts outside the memory plan's top level (there, every number is in memory_plan.unit).
+SIZE_FIELDS = ("files.*.bytes", "weights.bytes", "weights.tensors[].offset", "weights.tensors[].nbytes",
+               "memory_plan.kv.buffer_bytes", "memory_plan.kv.total_bytes", "memory_plan.staging[].binding_bytes",
+               "memory_plan.staging[].total_bytes")
 
 
 def run(ctx: GateContext) -> list[Check]:
     raw = ctx.raw
     version = raw.get("schema_version")
-    checks = [SCHEMA_VERSION.check(
-        [] if version in SUPPORTED_SCHEMAS else [f"schema_version {version!r} is not supported; supported: {', '.join(SUPPORTED_SCHEMAS)}"],
-        f"schema {version}")]
+    problem = schema_problem(version, ctx.folder)
+    checks = [SCHEMA_VERSION.check([problem] if problem else [], f"schema {version}")]
     checks.append(REQUIRED_FIELD.check(_required_problems(raw), f"{len(REQUIRED)} required fields present"))
     checks.append(_parse(ctx))
     target = raw.get("target")
@@ -171,13 +176,9 @@ def _required_problems(raw: dict) -> list[str]:
             if isinstance(value, list) and not all(_is_size(d) for d in value):
                 problems.append(f"{where}: {value} must list whole-number dimensions")
     quant = raw.get("quantization")
-    if isinstance(quant, dict):
-        per_tensor = quant.get("tensors", quant.get("modules"))
-        if not isinstance(per_tensor, dict):
-            problems.append("quantization: expected a per-tensor object `tensors` ({name: {kind, block, ...}}) "
-                            "or, in older calbins, `modules` ({name: dtype})")
-        elif "tensors" in quant and not all(isinstance(v, dict) and isinstance(v.get("kind"), str) for v in per_tensor.values()):
-            problems.append("quantization.tensors: every entry must be an object with a `kind` string")
+    per_tensor = quant.get("tensors") if isinstance(quant, dict) else None
+    if isinstance(per_tensor, dict) and not all(isinstance(v, dict) and isinstance(v.get("kind"), str) for v in per_tensor.values()):
+        problems.append("quantization.tensors: every entry must be an object with a `kind` string")
     golden = raw.get("golden")
     if golden is not None and not (isinstance(golden, dict) and isinstance(golden.get("file"), str)):
         problems.append("golden: expected null or an object with a `file` string")
@@ -201,7 +202,7 @@ def _profile_problems(profile: dict) -> list[str]:
         return [f"profile is incomplete or not integers: {profile}"]
     problems = []
     try:
-        Profile(lanes, context, tuple(chunks))
+        Profile(lanes, context, tuple(chunks), ())
     except ModelError as exc:
         problems.append(exc.message)
     if len(set(chunks)) != len(chunks):
@@ -234,8 +235,8 @@ def _dtype_problems(ctx: GateContext) -> list[str]:
 def _graph_checks(ctx: GateContext) -> list[Check]:
     graphs = ctx.graphs()
     names = [g.get("name") for g in graphs]
-    bad_types = [f"graph {g.get('name')!r}: type {g.get('type')!r} is not one of {', '.join(GRAPH_TYPES)}"
-                 for g in graphs if g.get("type") not in GRAPH_TYPES]
+    bad_types = [f"graph {g.get('name')!r}: type {g.get('type')!r} is not one of {', '.join(GRAPH_KINDS)}"
+                 for g in graphs if g.get("type") not in GRAPH_KINDS]
     dupes = sorted({str(n) for n in names if names.count(n) > 1})
     files = [f"graph {g.get('name')!r}: file {g.get('file')!r}, expected {'graphs/' + str(g.get('name')) + '.onnx'!r}"
              for g in graphs if g.get("file") != f"graphs/{g.get('name')}.onnx"]
@@ -249,7 +250,8 @@ def _graph_checks(ctx: GateContext) -> list[Check]:
 
 
 def _expected_names(ctx: GateContext) -> list[str]:
-    return expected_layout(ctx.section("profile")).names
+    profile = ctx.section("profile")
+    return expected_layout(profile.get("lanes"), profile.get("prefill_chunks"), profile.get("decode_lanes")).names
 
 
 def _name_problems(ctx: GateContext, names: list) -> list[str]:
@@ -288,24 +290,15 @@ def _size_problems(raw: dict) -> list[str]:
     elif unit != PLAN_UNIT:
         problems.append(f"memory_plan.unit is {unit!r}; the schema's only unit is {PLAN_UNIT!r}")
     for key, value in plan.items():
-        if key in ("unit", "regions", "aliases"):
+        if key in ("unit", "kv", "staging"):
             continue
         low = key.lower()
         if low.endswith(OTHER_UNITS) and not low.endswith("_bytes"):
             problems.append(f"memory_plan.{key}: sizes are stored in bytes, not in {key.rsplit('_', 1)[-1]} (use {key.rsplit('_', 1)[0]}_bytes)")
-        elif isinstance(value, (int, float, str)) and not isinstance(value, bool) and key != "alignment" and not low.endswith("_bytes"):
+        elif isinstance(value, (int, float, str)) and not isinstance(value, bool) and not low.endswith("_bytes"):
             problems.append(f"memory_plan.{key} = {value!r} carries no unit (name it {key}_bytes)")
-        elif (low.endswith("_bytes") or key == "alignment") and not _is_size(value):
+        elif low.endswith("_bytes") and not _is_size(value):
             problems.append(f"memory_plan.{key}: {value!r} is not a whole number of bytes")
-    for i, r in enumerate(_list(plan.get("regions"))):
-        if not isinstance(r, dict):
-            continue
-        for key in ("offset", "size"):
-            if key in r and not _is_size(r[key]):
-                problems.append(f"memory_plan.regions[{i}] ({r.get('name')}).{key}: {r[key]!r} is not a whole number of bytes")
-        for key in r:
-            if key.lower().endswith(OTHER_UNITS) and not key.lower().endswith("_bytes"):
-                problems.append(f"memory_plan.regions[{i}] ({r.get('name')}).{key}: sizes are stored in bytes")
     return problems
 
 

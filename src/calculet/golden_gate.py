@@ -1,5 +1,8 @@
 """Gate F, numerics: run the golden prompts through the runtime and compare with the reference.
 
+It lives above calbin/ (which holds gates A–E and must not import the runtime, the engine or the
+reference): `calculet.validation` composes it with calbin's gates into `calculet validate`.
+
     golden/golden.json ── read_golden ──▶ check_against_golden(golden, run_fn, forced_fn=...) ──▶ F.greedy / F.topk /
                                                                                              F.cosine / F.max_abs_error / F.forced
     run_fn, forced_fn = engine.golden_runner.golden_fns(Device(cpu)): free-running and teacher-forced greedy
@@ -18,6 +21,7 @@ import numpy as np
 
 from calculet.calbin.gates.context import GateContext
 from calculet.calbin.validate_report import Check, Rule
+from calculet.errors import CalculetError
 
 GOLDEN = Rule("F.golden", "golden/golden.json is present and readable")
 GOLDEN_SOURCE = Rule("F.golden_source", "the golden outputs come from this calbin's source (same SHA-256 and vocab)")
@@ -34,7 +38,6 @@ METRICS = ((GREEDY, "greedy_agreement", ">="), (TOPK, "topk_overlap", ">="), (CO
 
 def run(ctx: GateContext) -> list[Check]:
     from calculet.engine.golden_runner import check_calbin
-    from calculet.errors import CalculetError
     from calculet.reference.golden import GOLDEN_FILE, Thresholds, read_golden
 
     if not ctx.options.numerics:
@@ -85,7 +88,7 @@ def _forced(report, thresholds) -> Check:
 
 def _threshold_problems(declared, thresholds, thresholds_cls) -> list[str]:
     """The manifest's copy of the thresholds, when it has one, must equal golden.json's."""
-    stated = declared.get("thresholds") if isinstance(declared, dict) else None
+    stated = declared.thresholds if declared is not None else None
     if stated is None:
         return []
     if not isinstance(stated, dict):
@@ -108,10 +111,9 @@ def _worst(values: list[float], op: str) -> float:
 
 def _source_problems(ctx: GateContext, golden) -> list[str]:
     problems = []
-    source = ctx.section("model").get("source") or {}
-    vocab = ctx.hparams().get("vocab_size")
+    source, vocab = ctx.manifest.model.source, ctx.manifest.spec.vocab_size
     if golden.source.vocab_size != vocab:
         problems.append(f"golden vocab_size {golden.source.vocab_size} != model vocab_size {vocab}")
-    if source.get("sha256") and golden.source.source_sha256 != source.get("sha256"):
-        problems.append(f"golden was made from source {golden.source.source_sha256[:12]}…, this calbin from {str(source.get('sha256'))[:12]}…")
+    if source.sha256 and golden.source.source_sha256 != source.sha256:
+        problems.append(f"golden was made from source {golden.source.source_sha256[:12]}…, this calbin from {source.sha256[:12]}…")
     return problems
