@@ -20,8 +20,8 @@ import onnx
 import pytest
 
 from calculet.calbin.manifest import sha256_file
-from calculet.calbin.validate import ValidationOptions, validate_calbin
 from calculet.calbin.validate_report import Overall, Status
+from calculet.validation import ValidationOptions, validate_calbin
 
 
 # ---- mutation helpers --------------------------------------------------------------------------
@@ -46,8 +46,8 @@ def restamp(folder: Path) -> None:
     edit(folder, fn)
 
 
-def region(m: dict, name: str) -> dict:
-    return next(r for r in m["memory_plan"]["regions"] if r["name"] == name)
+def staging(m: dict, name: str) -> dict:
+    return next(s for s in m["memory_plan"]["staging"] if s["graph"] == name)
 
 
 def graph(m: dict, name: str) -> dict:
@@ -55,7 +55,7 @@ def graph(m: dict, name: str) -> dict:
 
 
 def main_decode(m: dict) -> str:
-    """The widest decode graph: `decode` (single layout) or `decode_<lanes>` (split layout)."""
+    """The widest decode graph, `decode_<lanes>`."""
     return next(g["name"] for g in m["graphs"] if g["type"] == "decode" and g["lanes"] == m["profile"]["lanes"])
 
 
@@ -85,7 +85,7 @@ def flip_weight_byte(f: Path) -> None:
 
 
 def rename_everywhere(f: Path, old: str, new: str) -> None:
-    """Rename a graph consistently (entry, file, files table, .onnx graph name, staging regions):
+    """Rename a graph consistently (entry, file, files table, .onnx graph name, staging entry):
     only the name itself is then wrong."""
     (f / f"graphs/{old}.onnx").rename(f / f"graphs/{new}.onnx")
 
@@ -93,9 +93,7 @@ def rename_everywhere(f: Path, old: str, new: str) -> None:
         g = graph(m, old)
         g["name"], g["file"] = new, f"graphs/{new}.onnx"
         m["files"][f"graphs/{new}.onnx"] = m["files"].pop(f"graphs/{old}.onnx")
-        for r in m["memory_plan"]["regions"]:
-            if r["name"].startswith(old + "."):
-                r["name"] = new + r["name"][len(old):]
+        staging(m, old)["graph"] = new
     edit(f, fn)
 
     def rename_graph(model):
@@ -206,27 +204,45 @@ def _rename_key(section: str, old: str, new: str) -> Callable[[dict], None]:
     return fn
 
 
-def _overlap(m):
-    region(m, "kv.key.1")["offset"] = region(m, "kv.key.0")["offset"] + 64
+def _kv_as_if_fp16(m):
+    """A plan that halves the KV bytes (as for float16) while the KV layout stays float32."""
+    kv = m["memory_plan"]["kv"]
+    kv["buffer_bytes"] //= 2
+    kv["total_bytes"] //= 2
+    m["memory_plan"]["total_bytes"] -= kv["total_bytes"]
 
 
-def _alias_pingpong(m, name):
-    ping, pong = region(m, f"{name}.inputs.ping"), region(m, f"{name}.inputs.pong")
-    pong["offset"] = ping["offset"]
-    m["memory_plan"]["aliases"].append({"name": pong["name"], "alias_of": ping["name"], "reason": "saves memory"})
+def _kv_other_context(m):
+    m["memory_plan"]["kv"]["buffer_shape"][2] = 128
 
 
-def _overlap_pingpong(m, name):
-    region(m, f"{name}.outputs.pong")["offset"] = region(m, f"{name}.outputs.ping")["offset"]
+def _staging_too_small(m, name):
+    s = staging(m, name)
+    s["binding_bytes"] -= 4
+    s["total_bytes"] -= 4 * s["bindings"]
+    m["memory_plan"]["total_bytes"] -= 4 * s["bindings"]
+
+
+def _prefill_one_binding(m):
+    """The runtime binds a prefill graph once per first lane; a plan that counts one under-reserves."""
+    s = staging(m, "prefill_4")
+    m["memory_plan"]["total_bytes"] -= s["total_bytes"] - s["binding_bytes"]
+    s["bindings"], s["total_bytes"] = 1, s["binding_bytes"]
+
+
+def _staging_dropped(m, name):
+    s = staging(m, name)
+    m["memory_plan"]["staging"].remove(s)
+    m["memory_plan"]["total_bytes"] -= s["total_bytes"]
+
+
+def _weights_bytes_off(m):
+    m["memory_plan"]["weights_bytes"] += 64
+    m["memory_plan"]["total_bytes"] += 64
 
 
 def _total_not_sum(m):
     m["memory_plan"]["total_bytes"] += 4096
-    m["memory_plan"]["device_memory_required_bytes"] += 4096
-
-
-def _region_outside(m):
-    region(m, "workspace")["offset"] = m["memory_plan"]["total_bytes"]
 
 
 def _duplicate_decode(m, name):
@@ -269,17 +285,21 @@ CORPUS = [
     case("missing_field", _m(_del("kv.head_dim")), {"B.required_field", "B.parse"}),
     case("unknown_target", _m(_set("target", "tpu")), {"B.target"}),
     case("unknown_graph_type", on_main_decode(lambda m, name: graph(m, name).update(type="decoder")),
-         {"B.graph_type"}, allow={"C.graph_type", "C.lanes"}),
+         {"B.graph_type"}, allow={"C.graph_type", "C.lanes", "D.staging"}),
     case("duplicate_graph_name", on_main_decode(_duplicate_decode), {"B.graph_name_unique", "C.graph_type"}),
     case("name_by_substring_decode", lambda f: rename_everywhere(f, main_decode(manifest(f)), main_decode(manifest(f)) + "_v2"),
          {"B.graph_name_exact"}),
     case("name_by_substring_prefill", lambda f: rename_everywhere(f, "prefill_16", "prefill_160"),
          {"B.graph_name_exact", "C.prefill_chunks"}),
-    case("size_without_unit", _m(_rename_key("memory_plan", "device_memory_required_bytes", "device_memory_required")),
-         {"B.size_unit", "B.required_field"}),
-    case("size_in_megabytes", _m(_rename_key("memory_plan", "device_memory_required_bytes", "device_memory_required_mb")),
-         {"B.size_unit", "B.required_field"}),
-    case("plan_unit_missing", _m(_del("memory_plan.unit")), {"B.size_unit", "B.required_field"}),
+    case("old_schema", _m(_set("schema_version", "calculet.calbin/1")), {"B.schema_version"}),
+    # (the memory plan is a typed section: a field it lacks also fails B.parse)
+    case("size_without_unit", _m(_rename_key("memory_plan", "workspace_estimate_bytes", "workspace_estimate")),
+         {"B.size_unit", "B.required_field", "B.parse"}),
+    case("size_in_megabytes", _m(_rename_key("memory_plan", "workspace_estimate_bytes", "workspace_estimate_mb")),
+         {"B.size_unit", "B.required_field", "B.parse"}),
+    case("nested_size_as_text", _m(lambda m: m["memory_plan"]["kv"].update(buffer_bytes="1 MiB")),
+         {"B.size_unit"}, allow={"B.parse"}),
+    case("plan_unit_missing", _m(_del("memory_plan.unit")), {"B.size_unit", "B.required_field", "B.parse"}),
     case("plan_unit_wrong", _m(_set("memory_plan.unit", "MB")), {"B.size_unit"}),
     case("size_as_text", _m(_set("weights.bytes", "612096 bytes")), {"B.size_unit"}),
     # C contract
@@ -292,18 +312,22 @@ CORPUS = [
     case("special_token_out_of_range", _m(_set("tokenizer.eos_token_ids", [320])), {"C.special_tokens"}),
     case("bos_out_of_range", _m(_set("tokenizer.bos_token_id", -1)), {"C.special_tokens"}),
     case("prefill_labelled_decode", lambda f: edit(f, lambda m: graph(m, "prefill_16").update(type="decode")),
-         {"C.graph_type"}, allow={"C.lanes", "C.prefill_chunks"}),
-    # D memory
-    case("overlapping_regions", _m(_overlap), {"D.overlap"}),
-    case("pingpong_aliased", on_main_decode(_alias_pingpong), {"D.pingpong"}),
-    case("pingpong_overlap", on_main_decode(_overlap_pingpong), {"D.pingpong"}),
+         {"C.graph_type"}, allow={"C.lanes", "C.prefill_chunks", "D.staging"}),
+    # D memory (the plan must state what the runtime allocates)
+    case("kv_bytes_not_the_layout", _m(_kv_as_if_fp16), {"D.kv"}),
+    case("kv_dtype_not_the_layout", _m(_set("memory_plan.kv.dtype", "float16")), {"D.kv"}),
+    case("kv_shape_not_the_layout", _m(_kv_other_context), {"D.kv"}),
+    case("kv_buffers_not_per_layer", _m(lambda m: m["memory_plan"]["kv"].update(buffers=1)), {"D.kv"}),
+    case("graph_kv_not_a_view", on_main_decode(lambda m, name: graph(m, name)["inputs"][-1]["shape"].__setitem__(2, 128)),
+         {"D.kv"}, allow={"C.context", "C.graph_io", "C.kv_shape"}),
+    case("staging_too_small", on_main_decode(_staging_too_small), {"D.staging"}),
+    case("staging_missing_graph", on_main_decode(_staging_dropped), {"D.staging"}),
+    case("prefill_staging_one_binding", _m(_prefill_one_binding), {"D.staging"}),
+    case("weights_bytes_not_the_file", _m(_weights_bytes_off), {"D.weights"}),
     case("total_not_sum", _m(_total_not_sum), {"D.total"}),
-    case("absurd_device_memory", _m(_set("memory_plan.device_memory_required_bytes", 16777216 * 2**20)),
-         {"D.device_memory_plausible"}),
-    case("region_outside_reservation", _m(_region_outside), {"D.bounds"}),
-    case("alias_to_missing_region", _m(lambda m: m["memory_plan"]["aliases"][0].update(alias_of="kv.key.99")), {"D.alias"}),
-    case("under_reserved", _m(lambda m: m["memory_plan"].update(device_memory_required_bytes=1000)),
-         {"D.reservation", "D.device_memory_plausible"}),
+    case("absurd_workspace", _m(_set("memory_plan.workspace_estimate_bytes", 16777216 * 2**20)),
+         {"D.workspace_plausible"}),
+    case("no_workspace", _m(_set("memory_plan.workspace_estimate_bytes", 0)), {"D.workspace_plausible"}),
     # E graphs
     case("contrib_op_portable", _m(_set("target", "portable")), {"E.portable_ops"}),
     case("corrupt_onnx", corrupt_onnx, {"E.load"}),
