@@ -44,10 +44,8 @@ def test_inspect_json_parses_back_and_matches_the_calbin(llama, capsys):
         counts = Counter((n.domain or "ai.onnx", n.op_type) for n in nodes)
         assert {(o["domain"], o["op_type"]): o["count"] for o in g["ops"]["ops"]} == dict(counts)
         assert g["ops"]["nodes"] == len(nodes) == sum(f["count"] for f in g["ops"]["shape_families"])
-    regions = [{k: r[k] for k in ("name", "kind", "offset", "size")} for r in doc["memory_plan"]["regions"]]
-    assert regions == m["memory_plan"]["regions"]
-    assert doc["memory_plan"]["total_bytes"] == m["memory_plan"]["total_bytes"]
-    per_tensor = m["quantization"].get("tensors", m["quantization"].get("modules"))
+    assert doc["memory_plan"] == m["memory_plan"]
+    per_tensor = m["quantization"]["tensors"]
     assert doc["quantization"]["tensors"] == per_tensor
     assert sum(g["tensors"] for g in doc["quantization"]["groups"]) == len(per_tensor)
 
@@ -82,9 +80,9 @@ def test_text_report_has_every_section(llama, capsys):
     decode = _widest_decode(inspect_calbin(llama)).name
     assert main(["inspect", str(llama)]) == 0
     out = capsys.readouterr().out
-    for needle in ("schema calculet.calbin/1", "profile: lanes 4", f"graph {decode} (decode, 4 lanes x 1 tokens)",
+    for needle in ("schema calculet.calbin/2", "profile: lanes 4", f"graph {decode} (decode, 4 lanes x 1 tokens)",
                    "com.microsoft  GroupQueryAttention", "shape families", "memory plan (bytes",
-                   "kv.key.0", "quantization policy", "model.layers.*."):
+                   f"staging {decode}", "(an estimate)", "quantization policy", "model.layers.*."):
         assert needle in out, needle
 
 
@@ -120,4 +118,22 @@ def test_inspect_malformed_graph_entry_is_one_clear_line(llama, tmp_path, capsys
     del m["graphs"][0]["inputs"]
     (folder / "manifest.json").write_text(json.dumps(m))
     assert main(["inspect", str(folder)]) == 2
-    _one_clear_line(capsys, "manifest_bad_field")
+    _one_clear_line(capsys, "manifest_missing_field")  # the typed reader names the field
+    m["graphs"][0]["inputs"] = [{"name": "input_ids"}]
+    (folder / "manifest.json").write_text(json.dumps(m))
+    assert main(["inspect", str(folder)]) == 2
+    _one_clear_line(capsys, "manifest_missing_field")
+
+
+def test_old_schema_calbin_says_how_to_recompile(llama, tmp_path, capsys):
+    """Guards the schema move to calculet.calbin/2: a /1 calbin must not fail somewhere inside a reader
+    but say at once that it is old and which command makes a current one."""
+    folder = tmp_path / "old.calbin"
+    shutil.copytree(llama, folder)
+    m = _manifest(folder)
+    m["schema_version"] = "calculet.calbin/1"
+    (folder / "manifest.json").write_text(json.dumps(m))
+    assert main(["inspect", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "error[manifest_schema]" in err and "calculet.calbin/1" in err and "calculet.calbin/2" in err
+    assert f"calculet compile SOURCE -o {folder}" in err

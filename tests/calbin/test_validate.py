@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from calculet.calbin.validate import ValidationOptions, all_rules, render_table, validate_calbin
+from calculet.calbin.validate import render_table
+from calculet.validation import ValidationOptions, all_rules, validate_calbin
 from calculet.calbin.validate_report import GATES, Overall, Status
 from calculet.cli import main
 from calculet.errors import ModelError
@@ -118,7 +119,7 @@ def test_warning_gives_pass_with_warnings_and_strict_exit_1(llama, tmp_path):
 def test_cli_pass_prints_a_table_and_exits_0(llama, capsys):
     assert main(["validate", str(llama)]) == 0
     out = capsys.readouterr().out
-    assert "-- gate A: files" in out and "D.overlap" in out and "overall: pass" in out
+    assert "-- gate A: files" in out and "D.kv" in out and "overall: pass" in out
 
 
 def test_cli_fail_exits_2(llama, tmp_path, capsys):
@@ -179,11 +180,14 @@ FIELDS = ("schema_version", "target", "model", "model.hyperparameters", "model.h
           "model.hyperparameters.num_layers", "tokenizer", "tokenizer.vocab_size", "tokenizer.eos_token_ids",
           "tokenizer.bos_token_id", "profile", "profile.lanes", "profile.prefill_chunks", "graphs", "kv", "kv.lanes",
           "kv.num_layers", "kv.dtype", "kv.in_place", "weights", "weights.tensors", "weights.bytes", "quantization",
-          "memory_plan", "memory_plan.regions", "memory_plan.aliases", "memory_plan.total_bytes", "memory_plan.alignment",
+          "memory_plan", "memory_plan.weights_bytes", "memory_plan.kv", "memory_plan.staging", "memory_plan.total_bytes",
+          "memory_plan.workspace_estimate_bytes", "memory_plan.unit",
           "golden", "toolchain", "files", "graphs.0", "graphs.2.type", "graphs.2.file", "graphs.2.lanes", "graphs.0.inputs",
-          "graphs.0.inputs.0", "graphs.0.inputs.0.shape", "graphs.1.outputs.0.dtype", "memory_plan.regions.0",
-          "memory_plan.regions.1.offset", "memory_plan.regions.1.size", "memory_plan.aliases.0",
-          "memory_plan.aliases.0.alias_of", "weights.tensors.0", "weights.tensors.0.offset", "weights.tensors.0.shape")
+          "graphs.0.inputs.0", "graphs.0.inputs.0.shape", "graphs.1.outputs.0.dtype", "memory_plan.kv.dtype",
+          "memory_plan.kv.buffer_shape", "memory_plan.kv.buffers", "memory_plan.kv.buffer_bytes", "memory_plan.staging.0",
+          "memory_plan.staging.1.graph", "memory_plan.staging.1.bindings", "memory_plan.staging.1.binding_bytes",
+          "quantization.tensors", "quantization.table", "profile.decode_lanes", "model.source", "toolchain.onnx",
+          "weights.tensors.0", "weights.tensors.0.offset", "weights.tensors.0.shape")
 FILE_FIELDS = (("files", "tokenizer.json"), ("files", "graphs/weights.bin", "bytes"), ("files", "tokenizer.json", "sha256"))
 WRONG = (None, "x", -1, 10**12, [], {}, [1, "a"], {"name": 3})
 VALID = ((("golden",), None), (("tokenizer", "eos_token_ids"), []))  # replacements that leave a valid manifest
