@@ -186,7 +186,7 @@ FIELDS = ("schema_version", "target", "model", "model.hyperparameters", "model.h
           "graphs.0.inputs.0", "graphs.0.inputs.0.shape", "graphs.1.outputs.0.dtype", "memory_plan.kv.dtype",
           "memory_plan.kv.buffer_shape", "memory_plan.kv.buffers", "memory_plan.kv.buffer_bytes", "memory_plan.staging.0",
           "memory_plan.staging.1.graph", "memory_plan.staging.1.bindings", "memory_plan.staging.1.binding_bytes",
-          "quantization.tensors", "quantization.table", "profile.decode_lanes", "model.source", "toolchain.onnx",
+          "profile.decode_lanes", "model.source", "toolchain.onnx",
           "weights.tensors.0", "weights.tensors.0.offset", "weights.tensors.0.shape")
 FILE_FIELDS = (("files", "tokenizer.json"), ("files", "graphs/weights.bin", "bytes"), ("files", "tokenizer.json", "sha256"))
 WRONG = (None, "x", -1, 10**12, [], {}, [1, "a"], {"name": 3})

@@ -42,9 +42,9 @@ def recompile_hint(folder: str | Path) -> str:
 
 def schema_problem(version, folder: str | Path) -> str | None:
     """None when this reader reads `version`; otherwise the message that says what to do."""
-    if version in SUPPORTED_SCHEMAS:
+    if isinstance(version, str) and version in SUPPORTED_SCHEMAS:
         return None
-    if version in RETIRED_SCHEMAS:
+    if isinstance(version, str) and version in RETIRED_SCHEMAS:
         return (f"{folder}: schema_version {version!r} is from an older calculet ({RETIRED_SCHEMAS[version]}); "
                 f"this calculet reads {', '.join(SUPPORTED_SCHEMAS)}: {recompile_hint(folder)}")
     return f"{folder}: schema_version {version!r} is not supported; supported: {', '.join(SUPPORTED_SCHEMAS)}"
@@ -201,7 +201,7 @@ class Quantization:
 
     @staticmethod
     def from_json(d: dict) -> "Quantization":
-        return Quantization(d["policy"], {k: TensorFormat(**v) for k, v in (d.get("table") or {}).items()},
+        return Quantization(d["policy"], {k: TensorFormat(**v) for k, v in d["table"].items()},
                             {k: TensorFormat(**v) for k, v in d["tensors"].items()})
 
 

@@ -66,7 +66,7 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("weights.tensors[].name", _STR), ("weights.tensors[].dtype", _STR), ("weights.tensors[].shape", _LIST),
     ("weights.tensors[].offset", _SIZE), ("weights.tensors[].nbytes", _SIZE),
     ("quantization", _DICT), ("quantization.policy", _STR),
-    ("quantization.tensors", _DICT),
+    ("quantization.table", _DICT), ("quantization.tensors", _DICT),
     ("memory_plan", _DICT), ("memory_plan.unit", _STR), ("memory_plan.weights_bytes", _SIZE),
     ("memory_plan.kv", _DICT), ("memory_plan.kv.dtype", _STR), ("memory_plan.kv.buffer_shape", _LIST),
     ("memory_plan.kv.buffers", _INT), ("memory_plan.kv.buffer_bytes", _SIZE), ("memory_plan.kv.total_bytes", _SIZE),
