@@ -6,7 +6,7 @@ reference): `calculet.validation` composes it with calbin's gates into `calculet
     golden/golden.json ── read_golden ──▶ check_against_golden(golden, run_fn, forced_fn=...) ──▶ F.greedy / F.topk /
                                                                                              F.cosine / F.max_abs_error / F.forced
     run_fn, forced_fn = engine.golden_runner.golden_fns(Device(cpu)): free-running and teacher-forced greedy
-    (engine.golden_runner.check_calbin opens the device and runs the whole check)
+    (check_calbin below opens the device and runs the whole check)
 
 Thresholds are golden.json's (a quantized policy states looser ones when it is compiled); the
 manifest may repeat them under `golden.thresholds`, and then the two must agree, so neither can be
@@ -37,7 +37,6 @@ METRICS = ((GREEDY, "greedy_agreement", ">="), (TOPK, "topk_overlap", ">="), (CO
 
 
 def run(ctx: GateContext) -> list[Check]:
-    from calculet.engine.golden_runner import check_calbin
     from calculet.reference.golden import GOLDEN_FILE, Thresholds, read_golden
 
     if not ctx.options.numerics:
@@ -117,3 +116,19 @@ def _source_problems(ctx: GateContext, golden) -> list[str]:
     if source.sha256 and golden.source.source_sha256 != source.sha256:
         problems.append(f"golden was made from source {golden.source.source_sha256[:12]}…, this calbin from {source.sha256[:12]}…")
     return problems
+
+
+def check_calbin(path, golden, thresholds=None):
+    """Open the calbin at `path` on a CPU device and check it against `golden`, free-running and
+    teacher-forced (`reference.golden.check_against_golden`); the device is closed afterwards."""
+    from calculet.engine.golden_runner import golden_fns
+    from calculet.reference.golden import check_against_golden
+    from calculet.runtime.device import Device
+
+    device = Device()
+    try:
+        device.configure(device.load(path))
+        run_fn, forced_fn = golden_fns(device)
+        return check_against_golden(golden, run_fn, thresholds, forced_fn=forced_fn)
+    finally:
+        device.close()

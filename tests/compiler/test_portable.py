@@ -10,7 +10,7 @@ from calculet.calbin.manifest import read_manifest
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import CompileOptions
 from calculet.engine.generate import generate
-from calculet.engine.golden_runner import check_calbin
+from calculet.golden_gate import check_calbin
 from calculet.engine.sampler import SamplingParams
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.errors import RequestError

@@ -9,7 +9,7 @@ import pytest
 from calculet.calbin.manifest import read_manifest
 from calculet.compiler.compile import golden_thresholds
 from calculet.compiler.quantize import QuantFormat, policy_table, quantize, quantize_best_block
-from calculet.engine.golden_runner import check_calbin
+from calculet.golden_gate import check_calbin
 from calculet.errors import RequestError
 from calculet.reference.golden import read_golden
 

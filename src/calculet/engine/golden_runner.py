@@ -34,18 +34,3 @@ def golden_fns(device):
         return walk(input_ids, len(reference_tokens), reference_tokens)[1]
 
     return run_fn, forced_fn
-
-
-def check_calbin(path, golden, thresholds=None):
-    """Open the calbin at `path` on a CPU device and check it against `golden`, free-running and
-    teacher-forced (`reference.golden.check_against_golden`); the device is closed afterwards."""
-    from calculet.reference.golden import check_against_golden
-    from calculet.runtime.device import Device
-
-    device = Device()
-    try:
-        device.configure(device.load(path))
-        run_fn, forced_fn = golden_fns(device)
-        return check_against_golden(golden, run_fn, thresholds, forced_fn=forced_fn)
-    finally:
-        device.close()
