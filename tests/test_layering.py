@@ -91,7 +91,7 @@ def _imports(path: Path, src: Path = SRC) -> list[str]:
                 target = node.module or ""
             found.append(target)
             if target == "calculet" or node.module is None:  # `from calculet import engine`, `from . import lanes`
-                found += [f"calculet.{alias.name}" for alias in node.names]
+                found += [f"{target}.{alias.name}" for alias in node.names]
     return found
 
 
