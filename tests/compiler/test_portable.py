@@ -37,9 +37,9 @@ def test_portable_graphs_use_standard_ops_and_match_reference(arch, tiny_model_d
     m = read_manifest(path)
     assert m.target == "portable" and m.kv.in_place is False
     for g in m.graphs:
-        model = onnx.load(str(path / g["file"]), load_external_data=False)
+        model = onnx.load(str(path / g.file), load_external_data=False)
         domains = {n.domain for n in model.graph.node}
-        assert domains <= STANDARD_DOMAINS, f"{g['name']} uses {domains - STANDARD_DOMAINS}"
+        assert domains <= STANDARD_DOMAINS, f"{g.name} uses {domains - STANDARD_DOMAINS}"
         assert {o.domain for o in model.opset_import} <= STANDARD_DOMAINS
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir(arch), dtype=torch.float32, attn_implementation="eager").eval()
     d = Device()
@@ -78,7 +78,7 @@ def test_portable_int8_weights_via_dequantize_linear(tiny_model_dir, tmp_path):
     path = _portable(tiny_model_dir("llama"), tmp_path, weights="int8")
     ops = set()
     for g in read_manifest(path).graphs:
-        ops |= {n.op_type for n in onnx.load(str(path / g["file"]), load_external_data=False).graph.node}
+        ops |= {n.op_type for n in onnx.load(str(path / g.file), load_external_data=False).graph.node}
     assert "DequantizeLinear" in ops and "MatMulNBits" not in ops
     d = Device()
     d.configure(d.load(path))
@@ -101,12 +101,12 @@ def test_portable_fp16_weights_standard_ops_and_reference_tokens(tiny_model_dir,
     path = _portable(tiny_model_dir("gemma3"), tmp_path, weights="fp16", golden=True)
     domains, ops = set(), set()
     for g in read_manifest(path).graphs:
-        for n in onnx.load(str(path / g["file"]), load_external_data=False).graph.node:
+        for n in onnx.load(str(path / g.file), load_external_data=False).graph.node:
             domains.add(n.domain)
             ops.add(n.op_type)
     assert domains <= STANDARD_DOMAINS and "Cast" in ops
-    tensors = read_manifest(path).quantization["tensors"]
-    assert tensors["model.embed_tokens.weight"]["kind"] == "fp16"
+    tensors = read_manifest(path).quantization.tensors
+    assert tensors["model.embed_tokens.weight"].kind == "fp16"
     report = check_calbin(path, read_golden(path))
     assert report.passed, report.summary()
 

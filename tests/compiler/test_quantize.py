@@ -64,14 +64,14 @@ def test_bad_policy_and_block_are_rejected():
 def test_policy_passes_numerics_on_tiny_model(policy, tiny_calbin):
     path = tiny_calbin("llama", golden=True, weights=policy)
     manifest = read_manifest(path)
-    tensors = manifest.quantization["tensors"]
-    kinds = {v["kind"] for name, v in tensors.items() if name != "lm_head.coarse"}
+    tensors = manifest.quantization.tensors
+    kinds = {v.kind for name, v in tensors.items() if name != "lm_head.coarse"}
     if policy not in ("fp32", "fp16", "w4a8"):  # an int8 lm_head gets an int4 candidate copy (the coarse-head pass)
-        assert tensors["lm_head.coarse"]["kind"] == "int4"
+        assert tensors["lm_head.coarse"].kind == "int4"
     expected = {"fp32": {"fp32"}, "fp16": {"fp32", "fp16"}, "int4": {"fp32", "int4", "int8"},
                 "w4a8": {"fp32", "int4"}}.get(policy, {"fp32", "int8"})
     assert kinds == expected
-    assert manifest.golden["thresholds"] == golden_thresholds(policy).__dict__
+    assert manifest.golden.thresholds == golden_thresholds(policy).__dict__
     report = check_calbin(path, read_golden(path))
     assert report.passed, report.summary()
     assert report.forced_agreement >= (0.7 if policy in ("int4", "w4a8") else 0.9)

@@ -208,7 +208,7 @@ def test_coarse_head_rows_carry_the_exact_candidates(tiny_calbin):
         r = d.run(DecodeJob(tuple(lanes), (7, 8, 9)), 10)
     finally:
         d.close()
-    assert "lm_head.coarse" in d.program.manifest.quantization["tensors"]
+    assert "lm_head.coarse" in d.program.manifest.quantization.tensors
     for row in range(3):
         ids, values = r.topk_ids[row], r.topk_values[row]
         assert np.array_equal(r.logits[row][ids], values)
