@@ -13,7 +13,6 @@ from pathlib import Path, PurePosixPath
 
 from calculet.calbin.manifest import Manifest
 from calculet.calbin.validate_report import ValidationOptions
-from calculet.errors import ModelError
 
 
 def inside(folder: Path, rel: str) -> bool:

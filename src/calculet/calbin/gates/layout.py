@@ -12,10 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calculet.calbin.graphspec import BODY_KINDS, DECODE, GRAPH_KINDS, HEAD, PREFILL
-
-__all__ = ["BODY_KINDS", "DECODE", "GRAPH_KINDS", "HEAD", "PREFILL", "Layout", "expected_layout"]
-
 
 @dataclass(frozen=True)
 class Layout:
