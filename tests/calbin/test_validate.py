@@ -92,6 +92,19 @@ def test_check_ids_are_declared_unique_and_in_gate_order(llama):
     assert {c.gate for c in report.checks} == set(GATES)
 
 
+def test_calbin_layer_runs_the_structural_gates_and_gate_f_is_composed_above(llama):
+    """calbin/ must not import the runtime: its validator runs gates A-E alone, and `calculet
+    validate` (calculet.validation) adds gate F with the same ids as before the split."""
+    from calculet.calbin import validate as structural
+
+    report = structural.validate_calbin(llama, ValidationOptions.fast())
+    assert {c.gate for c in report.checks} == set("ABCDE")
+    full = [r.id for r in all_rules()]
+    assert [r.id for r in structural.all_rules()] == [i for i in full if not i.startswith("F.")]
+    assert [i for i in full if i.startswith("F.")] == ["F.golden", "F.golden_source", "F.run", "F.greedy", "F.topk",
+                                                       "F.cosine", "F.max_abs_error", "F.forced"]
+
+
 def test_report_json_round_trips(llama, tmp_path):
     report = validate_calbin(llama, ValidationOptions.fast())
     doc = json.loads(report.to_json_text())

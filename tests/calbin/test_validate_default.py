@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from calculet.calbin.validate import ValidationOptions, validate_calbin
+from calculet.validation import ValidationOptions, validate_calbin
 from calculet.calbin.validate_report import Overall, Status
 from calculet.cli import main
 
