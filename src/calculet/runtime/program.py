@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from calculet.calbin.manifest import Manifest, read_manifest, verify_files
 from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, GraphSpec
+from calculet.calbin.manifest import Manifest, read_manifest, verify_files
 from calculet.errors import DeviceError, ModelError
 from calculet.runtime.providers import PROVIDERS, check_active, choose_provider
 
