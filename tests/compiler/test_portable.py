@@ -117,8 +117,8 @@ def test_portable_graphs_read_every_input(tiny_model_dir, tmp_path):
     so all outputs were NaN. Portable bodies no longer declare it, and every graph reads every input."""
     path = _portable(tiny_model_dir("llama"), tmp_path)
     for g in read_manifest(path).graphs:
-        model = onnx.load(str(path / g["file"]), load_external_data=False)
+        model = onnx.load(str(path / g.file), load_external_data=False)
         read = {i for n in model.graph.node for i in n.input}
         declared = [i.name for i in model.graph.input]
         assert "total_seq_len" not in declared
-        assert [name for name in declared if name not in read] == [], g["name"]
+        assert [name for name in declared if name not in read] == [], g.name
