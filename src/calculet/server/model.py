@@ -66,7 +66,7 @@ class ModelHost:
         tokenizer = TextTokenizer.from_program(program)
         device.configure(program)
         chat, problem = None, None
-        model_type = device.program.manifest.model.get("model_type", "")
+        model_type = device.program.manifest.model.model_type
         try:
             chat = ChatTemplate.choose(tokenizer, cfg.chat_template, model_type)
             if chat is None:
