@@ -26,7 +26,7 @@ def _manifest(folder: Path) -> dict:
 
 
 def _widest_decode(report):
-    return max((g for g in report.graphs if g.type == "decode"), key=lambda g: g.lanes)
+    return max((g for g in report.graphs if g.graph.type == "decode"), key=lambda g: g.graph.lanes)
 
 
 def test_inspect_json_parses_back_and_matches_the_calbin(llama, capsys):
@@ -77,7 +77,7 @@ def test_shape_families_group_repeated_layers(llama):
 
 
 def test_text_report_has_every_section(llama, capsys):
-    decode = _widest_decode(inspect_calbin(llama)).name
+    decode = _widest_decode(inspect_calbin(llama)).graph.name
     assert main(["inspect", str(llama)]) == 0
     out = capsys.readouterr().out
     for needle in ("schema calculet.calbin/2", "profile: lanes 4", f"graph {decode} (decode, 4 lanes x 1 tokens)",
@@ -90,10 +90,10 @@ def test_unreadable_graph_shows_its_error_instead_of_ops(llama, tmp_path):
     folder = tmp_path / "c.calbin"
     shutil.copytree(llama, folder)
     decode = _widest_decode(inspect_calbin(folder))
-    (folder / decode.file).write_bytes(b"not onnx at all")
+    (folder / decode.graph.file).write_bytes(b"not onnx at all")
     report = inspect_calbin(folder)
     decode = _widest_decode(report)
-    assert decode.ops is None and decode.file in decode.error
+    assert decode.ops is None and decode.graph.file in decode.error
     assert "ops: unavailable" in render_text(report)
     json.loads(report.to_json_text())
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from calculet.calbin.gates import ops
 from calculet.calbin.gates.context import inside
-from calculet.calbin.graphspec import GraphSpec, TensorSpec
+from calculet.calbin.graphspec import GraphSpec
 from calculet.calbin.manifest import Manifest, TensorFormat, read_manifest
 from calculet.calbin.memory_plan import MemoryPlan
 from calculet.errors import ModelError
@@ -24,20 +24,13 @@ from calculet.errors import ModelError
 
 @dataclass(frozen=True)
 class GraphSummary:
-    name: str
-    type: str
-    file: str
-    lanes: int
-    tokens: int
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
+    """A graph's declared signature (the manifest's GraphSpec) with what its .onnx file holds."""
+    graph: GraphSpec
     ops: ops.OpInventory | None       # None when the file cannot be read (see error)
     error: str | None = None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "type": self.type, "file": self.file, "lanes": self.lanes, "tokens": self.tokens,
-                "inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs],
-                "ops": self.ops.to_json() if self.ops else None, "error": self.error}
+        return {**self.graph.to_json(), "ops": self.ops.to_json() if self.ops else None, "error": self.error}
 
 
 @dataclass(frozen=True)
@@ -117,8 +110,7 @@ def _graph(folder: Path, g: GraphSpec) -> GraphSummary:
 
     inventory, error = None, None
     if not inside(folder, g.file):
-        return GraphSummary(g.name, g.type, g.file, g.lanes, g.tokens, g.inputs, g.outputs, None,
-                            f"{g.file}: the path leaves the calbin folder")
+        return GraphSummary(g, None, f"{g.file}: the path leaves the calbin folder")
     try:
         model = onnx.load(str(folder / g.file), load_external_data=False)
     except Exception as exc:  # a missing or corrupt file: show why instead of an inventory
@@ -129,7 +121,7 @@ def _graph(folder: Path, g: GraphSpec) -> GraphSummary:
         except Exception:  # shape families then use the declared shapes only
             inferred = None
         inventory = ops.op_inventory(model, g.name, ops.known_shapes(model, inferred))
-    return GraphSummary(g.name, g.type, g.file, g.lanes, g.tokens, g.inputs, g.outputs, inventory, error)
+    return GraphSummary(g, inventory, error)
 
 
 _LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")

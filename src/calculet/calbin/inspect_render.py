@@ -52,7 +52,8 @@ def render_text(report: InspectReport) -> str:
     return "\n".join(out)
 
 
-def _graph(g: GraphSummary) -> list[str]:
+def _graph(summary: GraphSummary) -> list[str]:
+    g = summary.graph
     out = [f"graph {g.name} ({g.type}, {g.lanes} lanes x {g.tokens} tokens) {g.file}"]
     kv_in = [t for t in g.inputs if t.name.startswith("past_")]
     kv_out = [t for t in g.outputs if t.name.startswith("present_")]
@@ -63,10 +64,10 @@ def _graph(g: GraphSummary) -> list[str]:
     if kv_out:
         rows.append(("out", f"present_key/value.0..{len(kv_out) // 2 - 1}", list(kv_out[0].shape), kv_out[0].dtype))
     out += ["  " + line for line in _table(rows, ("io", "name", "shape", "dtype"))]
-    if g.ops is None:
-        out.append(f"  ops: unavailable: {g.error}")
+    if summary.ops is None:
+        out.append(f"  ops: unavailable: {summary.error}")
         return out
-    inv = g.ops
+    inv = summary.ops
     domains = ", ".join(f"{d} {n}" for d, n in inv.nodes_by_domain.items())
     out.append(f"  ops: {inv.nodes} nodes ({inv.standard_nodes} standard ONNX, {inv.nodes - inv.standard_nodes} ONNX Runtime-only); "
                f"by domain: {domains}")
