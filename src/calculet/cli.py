@@ -15,7 +15,7 @@ from calculet.errors import CalculetError
 
 _COMMANDS = [
     "calculet.compiler.cli",   # compile
-    "calculet.runtime.cli",    # run
+    "calculet.run",            # run
     "calculet.calbin.cli",     # validate, inspect
     "calculet.planner.cli",    # plan
     "calculet.server.cli",     # serve
