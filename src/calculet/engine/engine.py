@@ -6,7 +6,9 @@
     ...                                                            # a bad request or a full queue
     engine.cancel(rid)                                             # frees its lanes within one step
 
-Every step reads: schedule -> run -> sample -> emit. Sequences join and leave the decode batch at
+This is the one generation loop: the server, `calculet.LLM`, `calculet run` and the golden check all
+submit requests here (in-process callers through `engine/local.py`). Every step reads:
+schedule -> run -> sample -> emit. Sequences join and leave the decode batch at
 every step; prompts are prefilled in chunks, up to `max_prefill_tokens` per step, before that step's
 decode.
 

@@ -2,8 +2,8 @@
 
     golden/golden.json ── read_golden ──▶ check_against_golden(golden, run_fn, forced_fn=...) ──▶ F.greedy / F.topk /
                                                                                              F.cosine / F.max_abs_error / F.forced
-    run_fn, forced_fn = engine.golden_runner.golden_fns(Device(cpu)): free-running and teacher-forced greedy
-    (engine.golden_runner.check_calbin opens the device and runs the whole check)
+    run_fn, forced_fn = engine.golden_runner.golden_fns(LocalEngine): free-running and teacher-forced greedy
+    requests through the engine's loop (engine.golden_runner.check_calbin opens the device and runs it all)
 
 Thresholds are golden.json's (a quantized policy states looser ones when it is compiled); the
 manifest may repeat them under `golden.thresholds`, and then the two must agree, so neither can be
