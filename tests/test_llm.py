@@ -79,7 +79,7 @@ def test_token_id_prompts_and_n(llm):
     by_ids = llm.generate([ids], SamplingParams(max_tokens=6, temperature=0))[0]
     assert by_ids.prompt is None and by_ids.outputs[0].token_ids == by_text.outputs[0].token_ids
     assert llm.generate(ids, SamplingParams(max_tokens=6, temperature=0))[0].outputs == by_text.outputs  # one prompt
-    two = llm.generate("hi", SamplingParams(n=2, max_tokens=5, temperature=1.0, seed=3, ignore_eos=True))[0]
+    two = llm.generate("hi", sampling_params=SamplingParams(n=2, max_tokens=5, temperature=1.0, seed=3, ignore_eos=True))[0]
     assert [o.index for o in two.outputs] == [0, 1] and two.usage.completion_tokens == 10
 
 

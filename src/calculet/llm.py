@@ -46,11 +46,15 @@ class LLMOptions:
     max_queue: int | None = None               # engine: waiting sequences; None = no limit
     request_timeout_s: float | None = None     # engine: per-request time limit; None = none
 
+    def __post_init__(self):
+        if self.prefill_chunks is not None:
+            object.__setattr__(self, "prefill_chunks", tuple(int(c) for c in self.prefill_chunks))
+
     def compile_options(self):
         from calculet.compiler.options import CompileOptions
 
         given = {"lanes": self.lanes, "context": self.context, "weights": self.weights,
-                 "prefill_chunks": tuple(self.prefill_chunks) if self.prefill_chunks else None}
+                 "prefill_chunks": self.prefill_chunks}
         return CompileOptions(**{k: v for k, v in given.items() if v is not None})
 
     def engine_config(self) -> EngineConfig:
@@ -102,10 +106,11 @@ class LLM:
         return tuple(int(t) for t in prompt)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
         """One `RequestOutput` per prompt, in order. All prompts are queued at once and batched by
-        the engine; `params` is one for all or one per prompt (default: `SamplingParams()`)."""
+        the engine; `sampling_params` is one for all or one per prompt (default: `SamplingParams()`)."""
         prompts = [prompts] if _is_single(prompts) else list(prompts)
+        params = sampling_params
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         params = list(params)
@@ -117,10 +122,10 @@ class LLM:
         streams = self._engine().submit_all(requests, texts)
         return [stream.result() for stream in streams]
 
-    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> RequestStream:
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> RequestStream:
         """Iterate for `SequenceDelta`s (text, token_ids, logprobs, finish_reason) as they are made;
         afterwards `.output` is the whole `RequestOutput`. Breaking off cancels the request."""
-        params = params or SamplingParams()
+        params = sampling_params or SamplingParams()
         return self._engine().submit(params.to_request(self.encode(prompt), self.context),
                                      prompt if isinstance(prompt, str) else None)
 
