@@ -10,7 +10,8 @@ does) and generates through the same continuous-batching engine that `calculet s
             print(delta.text, end="", flush=True)
 
 `generate` submits every prompt at once, so they share decode steps; each output is the one that
-prompt gets alone (greedy, or with its seed). This module composes compiler, runtime and engine.
+prompt gets alone (greedy, or with its seed). This module composes the compile cache, the runtime
+and the engine; `calculet run` (run.py) is built on it.
 """
 
 from __future__ import annotations
