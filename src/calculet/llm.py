@@ -38,6 +38,8 @@ Prompt = str | Sequence[int]           # text (encoded with the model's BOS rule
 class LLMOptions:
     """`LLM(model, **options)`. The compile options apply only when `model` is a source."""
     threads: int = 0                           # ONNX Runtime intra-op threads (0 = all cores)
+    provider: str = "cpu"                      # ONNX Runtime execution provider (runtime.providers.PROVIDERS)
+    provider_options: tuple[tuple[str, str], ...] = ()   # (key, value) pairs for the provider
     full_hash: bool = False                    # verify every file's SHA-256 before loading
     lanes: int | None = None                   # compile: lanes (default 8)
     context: int | None = None                 # compile: context (default 1024)
@@ -50,13 +52,21 @@ class LLMOptions:
     def __post_init__(self):
         if self.prefill_chunks is not None:
             object.__setattr__(self, "prefill_chunks", tuple(int(c) for c in self.prefill_chunks))
+        object.__setattr__(self, "provider_options", tuple(tuple(kv) for kv in self.provider_options))
 
     def compile_options(self):
+        """A source is compiled for the provider (openvino: a portable target), then as asked."""
         from calculet.compiler.options import CompileOptions
+        from calculet.runtime.providers import SOURCE_COMPILE
 
         given = {"lanes": self.lanes, "context": self.context, "weights": self.weights,
                  "prefill_chunks": self.prefill_chunks}
-        return CompileOptions(**{k: v for k, v in given.items() if v is not None})
+        return CompileOptions(**{**SOURCE_COMPILE[self.provider], **{k: v for k, v in given.items() if v is not None}})
+
+    def device_config(self):
+        from calculet.runtime.program import DeviceConfig
+
+        return DeviceConfig(self.provider, threads=self.threads, provider_options=self.provider_options)
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_queue=UNBOUNDED_QUEUE if self.max_queue is None else self.max_queue,
@@ -76,13 +86,13 @@ class LLM:
         from calculet.cache import ensure_calbin
         from calculet.engine.tokenizer import TextTokenizer
         from calculet.runtime.device import Device
-        from calculet.runtime.program import DeviceConfig
 
         self.options = _options(options)
         engine_config = self.options.engine_config()   # checked before anything is compiled or loaded
+        device_config = self.options.device_config()
         self.calbin = ensure_calbin(None if model is None else str(model), self.options.compile_options(),
                                     log=log_fn or log.info)
-        self._device = Device(DeviceConfig(threads=self.options.threads))
+        self._device = Device(device_config)
         try:
             program = self._device.load(self.calbin, full_hash=self.options.full_hash)
             self.tokenizer = TextTokenizer.from_program(program)  # before the sessions: keeps its parse out of the peak

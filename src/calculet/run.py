@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
     p.add_argument("--stop-token-ids", default="", metavar="IDS", help="comma-separated token ids that end the output")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    from calculet.runtime.providers import add_provider_arguments
+
+    add_provider_arguments(p)
     p.add_argument("--full-hash", action="store_true", help="verify every file's SHA-256 before loading")
     p.add_argument("--lanes", type=int, default=None, help="when compiling a source: lanes (default 8)")
     p.add_argument("--context", type=int, default=None, help="when compiling a source: context (default 1024)")
@@ -49,6 +52,7 @@ def run(args) -> int:
     from calculet.engine.params import SamplingParams
     from calculet.errors import RequestError
     from calculet.llm import LLM
+    from calculet.runtime.providers import parse_provider_options
 
     if len(args.model_or_prompt) > 2:
         raise RequestError("bad_arguments", "give at most a model and one prompt (quote the prompt)")
@@ -58,8 +62,9 @@ def run(args) -> int:
     stop_token_ids = _token_ids(args.stop_token_ids)
     chunks = parse_chunks(args.prefill_chunks) if args.prefill_chunks else None
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
-    with LLM(model, log_fn=log, threads=args.threads, full_hash=args.full_hash, lanes=args.lanes, context=args.context,
-             prefill_chunks=chunks) as llm:
+    with LLM(model, log_fn=log, threads=args.threads, provider=args.provider,
+             provider_options=parse_provider_options(args.provider_option), full_hash=args.full_hash, lanes=args.lanes,
+             context=args.context, prefill_chunks=chunks) as llm:
         prompt_ids = llm.encode(prompt)
         room = max(llm.context - len(prompt_ids), 1)   # the engine says so if the prompt leaves none
         max_tokens = min(args.max_tokens, room)        # cut to the context, as before; min_tokens with it
