@@ -82,6 +82,8 @@ def _options(given: dict) -> LLMOptions:
 
 
 class LLM:
+    """A loaded model and its engine thread; `generate` and `stream` submit to that engine."""
+
     def __init__(self, model: str | Path | None = None, *, log_fn: Callable[[str], None] | None = None, **options):
         from calculet.cache import ensure_calbin
         from calculet.engine.tokenizer import TextTokenizer
