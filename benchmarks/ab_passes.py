@@ -20,7 +20,7 @@ import numpy as np
 
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import FUSIONS, CompileOptions
-from calculet.engine.sampler import SamplingParams, SequenceSampler
+from calculet.engine.sampler import SamplerConfig, SequenceSampler
 from calculet.runtime.device import Device
 from calculet.runtime.jobs import DecodeJob, PrefillJob
 
@@ -43,7 +43,7 @@ class Probe:
             for start in range(0, 200, 100):
                 self.device.run(PrefillJob(lane, tuple(range(10 + start, 110 + start)), want_logits=False), 600)
         self.spare = self.lanes.pop()  # for the prefill probe
-        self.greedy = SequenceSampler(SamplingParams(temperature=0.0))
+        self.greedy = SequenceSampler(SamplerConfig(temperature=0.0))
         self.head = self.device.program.candidates > 0
 
     def decode(self, n: int) -> tuple[float, float]:

@@ -61,7 +61,7 @@ def _profile_ops(calbin, lanes: int, fill: int, steps: int) -> list[tuple[str, f
 def main() -> None:
     from calculet.cache import ensure_calbin
     from calculet.compiler.options import CompileOptions
-    from calculet.engine.sampler import SamplingParams, SequenceSampler
+    from calculet.engine.sampler import SamplerConfig, SequenceSampler
     from calculet.runtime.device import Device
     from calculet.runtime.jobs import DecodeJob, PrefillJob
 
@@ -85,7 +85,7 @@ def main() -> None:
                 chunk = min(128, args.context_fill - pos)
                 d.run(PrefillJob(lane, tuple(range(10 + pos, 10 + pos + chunk))), 600)
                 pos += chunk
-        samplers = [SequenceSampler(SamplingParams(temperature=0.0)) for _ in lanes]
+        samplers = [SequenceSampler(SamplerConfig(temperature=0.0)) for _ in lanes]
         rows = collections.defaultdict(list)
         tokens = [5] * n
         for step in range(args.steps + 3):

@@ -1,11 +1,54 @@
-"""Test helper: greedy decoding of several prompts together, one lane each, in one decode batch."""
+"""Test helpers for decoding on a Device:
+
+- `generate_one`: one request alone through the engine's generation loop (the reference that
+  batched runs are compared with), with the raw logits row after the prompt;
+- `greedy_together`: the runtime alone, no engine: several prompts prefilled, then advanced in the
+  same decode jobs, one lane each (checks the device's batching, below the engine).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from calculet.engine.generate import prefill
-from calculet.runtime.jobs import DecodeJob
+from calculet.engine.local import LocalEngine
+from calculet.engine.requests import GenerationRequest
+from calculet.engine.sampler import SamplerConfig
+from calculet.runtime.chunking import plan_chunks
+from calculet.runtime.jobs import DecodeJob, PrefillJob
+
+GREEDY = SamplerConfig(temperature=0.0)
+
+
+@dataclass(frozen=True)
+class Generated:
+    tokens: list[int]
+    text: str
+    finish_reason: str
+    prompt_logits: np.ndarray       # float32 [vocab]: the row the first token was sampled from
+
+
+def generate_one(device, tokenizer, prompt_ids, params: SamplerConfig = GREEDY, max_tokens: int = 16,
+                 ignore_eos: bool = False) -> Generated:
+    """`prompt_ids` alone through an engine on `device` (max_tokens cut to what fits the context)."""
+    max_tokens = max(1, min(max_tokens, device.lanes.context - len(prompt_ids)))
+    request = GenerationRequest(tuple(prompt_ids), params, max_tokens, ignore_eos=ignore_eos, prompt_logits=True)
+    with LocalEngine(device, tokenizer) as local:
+        stream = local.submit(request)
+        first = [d.prompt_logits for d in stream if d.prompt_logits is not None][0]
+    out = stream.output.outputs[0]
+    return Generated(list(out.token_ids), out.text, out.finish_reason, first)
+
+
+def prefill(device, lane: int, prompt_ids: list[int]) -> np.ndarray:
+    """Run the prompt through prefill chunks; the last chunk's logits row [vocab]."""
+    pos, result = 0, None
+    pieces = plan_chunks(len(prompt_ids), 0, device.program.chunk_sizes, device.lanes.context)
+    for i, n in enumerate(pieces):
+        result = device.run(PrefillJob(lane, tuple(prompt_ids[pos:pos + n]), want_logits=i == len(pieces) - 1), 30)
+        pos += n
+    return result.logits[0]
 
 
 def greedy_together(device, prompts: list[list[int]], tokens: int) -> list[list[int]]:

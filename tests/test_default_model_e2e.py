@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calculet.engine.generate import generate
-from calculet.engine.sampler import SamplingParams
+from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.runtime.device import Device
+from decoding import generate_one
 
 pytestmark = pytest.mark.slow
 PROMPT = "The capital of France is"
@@ -36,7 +36,7 @@ def test_greedy_32_tokens_equal_transformers(device, reference):
     tokenizer = TextTokenizer.from_program(device.program)
     ids = tokenizer.encode(PROMPT)
     assert ids[0] == 2  # Gemma prepends <bos>
-    gen = generate(device, tokenizer, ids, SamplingParams(temperature=0.0), 32, ignore_eos=True)
+    gen = generate_one(device, tokenizer, ids, SamplerConfig(temperature=0.0), 32, ignore_eos=True)
     ref_tokens = reference_greedy(reference, ids, 32)
     assert gen.tokens == ref_tokens, (tokenizer.decode(gen.tokens), tokenizer.decode(ref_tokens))
     ref_logits = reference_last_logits(reference, ids)

@@ -15,7 +15,7 @@ from calculet.errors import CalculetError
 
 _COMMANDS = [
     "calculet.compiler.cli",   # compile
-    "calculet.runtime.cli",    # run
+    "calculet.run",            # run
     "calculet.calbin.cli",     # inspect
     "calculet.validation",     # validate (gates A-E from calbin/, gate F through the runtime)
     "calculet.planner.cli",    # plan

@@ -5,8 +5,8 @@ reference): `calculet.validation` composes it with calbin's gates into `calculet
 
     golden/golden.json ── read_golden ──▶ check_against_golden(golden, run_fn, forced_fn=...) ──▶ F.greedy / F.topk /
                                                                                              F.cosine / F.max_abs_error / F.forced
-    run_fn, forced_fn = engine.golden_runner.golden_fns(Device(cpu)): free-running and teacher-forced greedy
-    (check_calbin below opens the device and runs the whole check)
+    run_fn, forced_fn = engine.golden_runner.golden_fns(LocalEngine): free-running and teacher-forced greedy
+    requests through the engine's loop (check_calbin below opens the device and runs it all)
 
 Thresholds are golden.json's (a quantized policy states looser ones when it is compiled); the
 manifest may repeat them under `golden.thresholds`, and then the two must agree, so neither can be
@@ -122,13 +122,18 @@ def check_calbin(path, golden, thresholds=None):
     """Open the calbin at `path` on a CPU device and check it against `golden`, free-running and
     teacher-forced (`reference.golden.check_against_golden`); the device is closed afterwards."""
     from calculet.engine.golden_runner import golden_fns
+    from calculet.engine.local import LocalEngine
+    from calculet.engine.tokenizer import TextTokenizer
     from calculet.reference.golden import check_against_golden
     from calculet.runtime.device import Device
 
     device = Device()
     try:
-        device.configure(device.load(path))
-        run_fn, forced_fn = golden_fns(device)
-        return check_against_golden(golden, run_fn, thresholds, forced_fn=forced_fn)
+        program = device.load(path)
+        tokenizer = TextTokenizer.from_program(program)
+        device.configure(program)
+        with LocalEngine(device, tokenizer) as local:
+            run_fn, forced_fn = golden_fns(local)
+            return check_against_golden(golden, run_fn, thresholds, forced_fn=forced_fn)
     finally:
         device.close()

@@ -10,10 +10,10 @@ import pytest
 
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import FUSIONS, CompileOptions
-from calculet.engine.generate import generate
-from calculet.engine.sampler import SamplingParams
+from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.runtime.device import Device
+from decoding import generate_one
 
 # What each pass adds to (or removes from) the decode body's op counts.
 SIGNATURE = {
@@ -40,7 +40,7 @@ def _greedy(path, prompt):
     d = Device()
     d.configure(d.load(path))
     try:
-        gen = generate(d, TextTokenizer.from_program(d.program), prompt, SamplingParams(temperature=0.0), 16,
+        gen = generate_one(d, TextTokenizer.from_program(d.program), prompt, SamplerConfig(temperature=0.0), 16,
                        ignore_eos=True)
     finally:
         d.close()

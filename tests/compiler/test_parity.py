@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calculet.engine.generate import generate
-from calculet.engine.sampler import SamplingParams
+from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.runtime.device import Device
+from decoding import generate_one
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 # 1, 2 and 15/16/17 straddle the 4- and 16-token chunks; 13 and 30 run past gemma3's window of 8.
@@ -50,7 +50,7 @@ def test_greedy_tokens_and_logits_match_reference(pair, length):
     prompt = _prompt(length, seed=length)
     ref_logits, ref_tokens = _reference(hf, prompt)
     tokenizer = TextTokenizer.from_program(device.program)
-    gen = generate(device, tokenizer, prompt, SamplingParams(temperature=0.0), STEPS, ignore_eos=True)
+    gen = generate_one(device, tokenizer, prompt, SamplerConfig(temperature=0.0), STEPS, ignore_eos=True)
     err = float(np.abs(gen.prompt_logits - ref_logits).max())
     assert err < LOGITS_ATOL, f"{arch} len {length}: last-token logits differ by {err}"
     assert gen.tokens == ref_tokens, f"{arch} len {length}: greedy tokens differ"

@@ -9,14 +9,13 @@ import pytest
 from calculet.calbin.manifest import read_manifest
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import CompileOptions
-from calculet.engine.generate import generate
 from calculet.golden_gate import check_calbin
-from calculet.engine.sampler import SamplingParams
+from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.errors import RequestError
 from calculet.reference.golden import read_golden
 from calculet.runtime.device import Device
-from decoding import greedy_together
+from decoding import generate_one, greedy_together
 
 STANDARD_DOMAINS = {"", "ai.onnx"}
 
@@ -48,7 +47,7 @@ def test_portable_graphs_use_standard_ops_and_match_reference(arch, tiny_model_d
         tok = TextTokenizer.from_program(d.program)
         for n in (1, 17, 30):  # 30 runs past gemma3's window of 8
             prompt = np.random.default_rng(n).integers(3, 300, size=n).tolist()
-            gen = generate(d, tok, prompt, SamplingParams(temperature=0.0), 16, ignore_eos=True)
+            gen = generate_one(d, tok, prompt, SamplerConfig(temperature=0.0), 16, ignore_eos=True)
             with torch.no_grad():
                 ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
                                   eos_token_id=None, pad_token_id=0)[0, n:].tolist()
@@ -67,7 +66,7 @@ def test_portable_batched_decode_writes_each_lane(tiny_model_dir, tmp_path):
     try:
         tok = TextTokenizer.from_program(d.program)
         prompts = [np.random.default_rng(s).integers(3, 300, size=n).tolist() for s, n in ((1, 3), (2, 11), (3, 7))]
-        alone = [generate(d, tok, p, SamplingParams(temperature=0.0), 10, ignore_eos=True).tokens for p in prompts]
+        alone = [generate_one(d, tok, p, SamplerConfig(temperature=0.0), 10, ignore_eos=True).tokens for p in prompts]
         together = greedy_together(d, prompts, 10)
         assert together == alone
     finally:
@@ -83,7 +82,7 @@ def test_portable_int8_weights_via_dequantize_linear(tiny_model_dir, tmp_path):
     d = Device()
     d.configure(d.load(path))
     try:
-        gen = generate(d, TextTokenizer.from_program(d.program), [5, 6, 7, 8], SamplingParams(temperature=0.0), 8)
+        gen = generate_one(d, TextTokenizer.from_program(d.program), [5, 6, 7, 8], SamplerConfig(temperature=0.0), 8)
         assert len(gen.tokens) >= 1
     finally:
         d.close()

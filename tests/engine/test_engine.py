@@ -8,16 +8,16 @@ import time
 import pytest
 
 from calculet.engine.engine import Engine, EngineConfig
-from calculet.engine.generate import generate
 from calculet.engine.observer import EngineObserver
 from calculet.engine.requests import GenerationRequest, RequestDone, RequestFailed, SequenceDelta
-from calculet.engine.sampler import SamplingParams
+from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.errors import RequestError
 from calculet.runtime.device import Device
 from calculet.runtime.faults import FaultPlan
+from decoding import generate_one
 
-GREEDY = SamplingParams(temperature=0.0)
+GREEDY = SamplerConfig(temperature=0.0)
 
 
 class Jobs(EngineObserver):
@@ -100,7 +100,7 @@ def test_batched_equals_alone(calbin, make_engine):
                "lazy dog", "Static graphs run on accelerators; the runtime owns the KV cache"]
     device = open_device(calbin)
     try:
-        alone = [generate(device, tok, tok.encode_prompt(p), GREEDY, 24, ignore_eos=True) for p in prompts]
+        alone = [generate_one(device, tok, tok.encode_prompt(p), GREEDY, 24, ignore_eos=True) for p in prompts]
     finally:
         device.close()
     calls = [Call(engine, request(tok, p, 24)) for p in prompts]      # 6 requests, 4 lanes: 2 wait
@@ -151,7 +151,7 @@ def test_prefill_budget_runs_several_chunks_per_step(calbin, make_engine):
     assert [sum(run) for run in long_runs] == [20, 30] and [len(run) for run in long_runs] == [2, 2]
     device = open_device(calbin)
     try:
-        alone = generate(device, engine.tokenizer, long_ids, GREEDY, 4, ignore_eos=True)
+        alone = generate_one(device, engine.tokenizer, long_ids, GREEDY, 4, ignore_eos=True)
     finally:
         device.close()
     assert results[1][0] == alone.tokens
@@ -204,7 +204,7 @@ def test_prefill_fault_fails_that_request_and_resumes_the_decoding_one(calbin, m
     tok = engine.tokenizer
     device = open_device(calbin)
     try:
-        reference = generate(device, tok, [2, 40, 41, 42], GREEDY, 58, ignore_eos=True).tokens
+        reference = generate_one(device, tok, [2, 40, 41, 42], GREEDY, 58, ignore_eos=True).tokens
     finally:
         device.close()
     decoding = Call(engine, request(tok, [2, 40, 41, 42], 58))     # one prefill chunk: job 1

@@ -5,16 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calculet.engine.generate import generate
-from calculet.engine.sampler import SamplingParams
+from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.errors import DeviceError, ErrorKind, RequestError
 from calculet.runtime.device import Device
 from calculet.runtime.faults import FaultPlan
 from calculet.runtime.jobs import DecodeJob, PrefillJob
-from decoding import greedy_together
+from decoding import generate_one, greedy_together
 
-GREEDY = SamplingParams(temperature=0.0)
+GREEDY = SamplerConfig(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +32,7 @@ def _prompts():
 def test_batched_decode_equals_each_alone(device):
     """Three prompts decoded together in one batch give exactly the tokens each gives alone."""
     tokenizer = TextTokenizer.from_program(device.program)
-    alone = [generate(device, tokenizer, p, GREEDY, 20, ignore_eos=True).tokens for p in _prompts()]
+    alone = [generate_one(device, tokenizer, p, GREEDY, 20, ignore_eos=True).tokens for p in _prompts()]
     together = greedy_together(device, _prompts(), 20)
     assert together == alone
 
@@ -85,7 +84,7 @@ def test_prompt_near_end_of_context_uses_decode_graph(device):
     """The last positions of a lane are reachable: chunks that would overflow the buffer fall back to decode."""
     tokenizer = TextTokenizer.from_program(device.program)
     prompt = np.random.default_rng(3).integers(3, 300, size=60).tolist()
-    gen = generate(device, tokenizer, prompt, GREEDY, 100, ignore_eos=True)
+    gen = generate_one(device, tokenizer, prompt, GREEDY, 100, ignore_eos=True)
     assert len(gen.tokens) == 4 and gen.finish_reason == "length"  # clamped to the context of 64
 
 

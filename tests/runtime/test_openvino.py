@@ -18,14 +18,13 @@ import pytest
 
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import CompileOptions
-from calculet.engine.generate import generate
-from calculet.engine.sampler import SamplingParams
+from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.errors import DeviceError, ModelError
 from calculet.runtime.device import Device
 from calculet.runtime.program import DeviceConfig
 from calculet.runtime.providers import choose_provider
-from decoding import greedy_together
+from decoding import generate_one, greedy_together
 
 pytestmark = pytest.mark.skipif("OpenVINOExecutionProvider" not in ort.get_available_providers(),
                                 reason="this ONNX Runtime build has no OpenVINOExecutionProvider (pip install onnxruntime-openvino "
@@ -72,7 +71,7 @@ def _greedy(path: Path, config: DeviceConfig) -> tuple[list, list, list]:
     try:
         tok = TextTokenizer.from_program(d.program)
         prompts = [np.random.default_rng(n).integers(3, 300, size=n).tolist() for n in PROMPT_LENGTHS]
-        gens = [generate(d, tok, p, SamplingParams(temperature=0.0), 16, ignore_eos=True) for p in prompts]
+        gens = [generate_one(d, tok, p, SamplerConfig(temperature=0.0), 16, ignore_eos=True) for p in prompts]
         together = greedy_together(d, prompts, 10)
         return [g.tokens for g in gens], [g.prompt_logits for g in gens], together
     finally:

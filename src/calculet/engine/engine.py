@@ -6,7 +6,9 @@
     ...                                                            # a bad request or a full queue
     engine.cancel(rid)                                             # frees its lanes within one step
 
-Every step reads: schedule -> run -> sample -> emit. Sequences join and leave the decode batch at
+This is the one generation loop: the server, `calculet.LLM`, `calculet run` and the golden check all
+submit requests here (in-process callers through `engine/local.py`). Every step reads:
+schedule -> run -> sample -> emit. Sequences join and leave the decode batch at
 every step; prompts are prefilled in chunks, up to `max_prefill_tokens` per step, before that step's
 decode.
 
@@ -27,7 +29,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calculet.engine.generate import check_prompt
 from calculet.engine.logprobs import token_logprob
 from calculet.engine.observer import EngineObserver
 from calculet.engine.requests import (Event, GenerationRequest, RequestDone, RequestFailed, RequestState, Sequence,
@@ -39,6 +40,14 @@ from calculet.runtime.jobs import DecodeJob, JobResult, PrefillJob
 log = logging.getLogger("calculet.engine")
 
 RESET_RETRY_S = 5.0
+
+
+def check_prompt(n_prompt: int, context: int) -> None:
+    if n_prompt == 0:
+        raise RequestError("empty_prompt", "the prompt is empty; give at least one token of text")
+    if n_prompt >= context:
+        raise RequestError("prompt_too_long", f"the prompt has {n_prompt} tokens but the context is {context} "
+                           f"(at most {context - 1} prompt tokens leave room to generate)")
 
 
 @dataclass(frozen=True)
@@ -79,8 +88,10 @@ class StepResults:
 @dataclass(frozen=True)
 class Sample:
     seq: Sequence
-    token: int
-    logprob: object            # TokenLogprob | None
+    token: int                 # what the sequence continues with: the sampled token, or a forced one
+    sampled: int               # what the sampler picked
+    logprob: object            # TokenLogprob of `token` | None
+    logits: object = None      # the raw row [vocab], when the request asked for its prompt logits
 
 
 class Engine:
@@ -135,7 +146,8 @@ class Engine:
             raise RequestError("invalid_parameter", f"n={request.n} is out of range; allowed: 1 <= n <= {self.lanes.count} "
                                f"(each choice needs its own lane)")
         vocab = self.vocab_size
-        for name, ids in (("prompt", request.prompt_ids), ("stop_token_ids", request.stop_token_ids)):
+        for name, ids in (("prompt", request.prompt_ids), ("stop_token_ids", request.stop_token_ids),
+                          ("forced_ids", request.forced_ids)):
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise RequestError("invalid_parameter", f"{name} has token id {bad[0]}; allowed: 0 <= id <= {vocab - 1}")
@@ -282,9 +294,13 @@ class Engine:
 
     def _candidates_suffice(self, seq: Sequence, banned: tuple[int, ...]) -> bool:
         """Whether the sampling head's K candidates, less any banned ids among them, give exactly the
-        token a full-row sample would: greedy or top-k <= what is left, no penalties, no logprobs."""
+        token a full-row sample would: greedy or top-k <= what is left, no penalties, no logprobs,
+        and not the first token of a request that asked for its prompt logits."""
+        req = seq.state.request
         k = self.candidates - len(banned)
-        return k >= 1 and seq.state.request.logprobs is None and seq.sampler.uses_candidates(k)
+        if req.logprobs is not None or (req.prompt_logits and not seq.output_ids):
+            return False
+        return k >= 1 and seq.sampler.uses_candidates(k)
 
     # --- sample: one token per sequence that has logits -----------------------------------
     def _sample(self, plan: StepPlan, results: StepResults) -> list[Sample]:
@@ -318,9 +334,12 @@ class Engine:
         if banned and candidates is None:  # the job fetched the full row for this sequence
             masked = logits.copy()
             masked[list(banned)] = -np.inf
-        token = seq.sampler.sample(masked, candidates)
+        sampled = seq.sampler.sample(masked, candidates)
+        at = len(seq.output_ids)
+        token = req.forced_ids[at] if at < len(req.forced_ids) else sampled
         lp = token_logprob(logits, token, req.logprobs) if req.logprobs is not None else None
-        return Sample(seq, token, lp)
+        prompt_row = logits.copy() if req.prompt_logits and not at else None
+        return Sample(seq, token, sampled, lp, prompt_row)
 
     # --- emit: text deltas, finishes, lanes back ----------------------------------------
     def _emit(self, samples: list[Sample]) -> None:
@@ -328,7 +347,9 @@ class Engine:
         gaps = []
         for s in samples:
             seq, state, req = s.seq, s.seq.state, s.seq.state.request
-            seq.output_ids.append(s.token)
+            token = s.token
+            seq.output_ids.append(token)
+            seq.sampler.record(token)
             if seq.last_token_at is not None:
                 gaps.append(now - seq.last_token_at)
             seq.last_token_at = state.last_token_at = now
@@ -336,11 +357,11 @@ class Engine:
                 state.first_token_at = now
                 self.observer.first_token(now - state.arrived)
             ends_on_token = len(seq.output_ids) > req.min_tokens and (
-                s.token in req.stop_token_ids or (not req.ignore_eos and s.token in self.tokenizer.eos_ids))
+                token in req.stop_token_ids or (not req.ignore_eos and token in self.tokenizer.eos_ids))
             reason = "stop" if ends_on_token else None
             if reason is None and (len(seq.output_ids) >= req.max_tokens or len(req.prompt_ids) + len(seq.output_ids) >= self.context):
                 reason = "length"
-            text = "" if ends_on_token else seq.detok.push(s.token)
+            text = "" if ends_on_token else seq.detok.push(token)
             if reason is not None:
                 text += seq.detok.flush()
             text, hit = seq.stop.push(text)
@@ -349,7 +370,7 @@ class Engine:
             elif reason is not None:
                 text += seq.stop.flush()
             lps = (s.logprob,) if s.logprob is not None else ()
-            state.emit(SequenceDelta(seq.index, text, (s.token,), lps, reason))
+            state.emit(SequenceDelta(seq.index, text, (token,), lps, reason, (s.sampled,), s.logits))
             if reason is not None:
                 seq.finish_reason = reason
                 self.scheduler.finish(seq)

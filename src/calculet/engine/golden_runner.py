@@ -1,36 +1,31 @@
-"""The runtime side of a golden check: free-running greedy and teacher-forced runs on one lane."""
+"""The runtime side of a golden check, through the engine's one generation loop: free-running greedy
+requests (with the raw logits row after the prompt) and teacher-forced ones (`forced_ids`: the
+reference's tokens are fed, and each step's own greedy pick is read from `sampled_ids`)."""
 
 from __future__ import annotations
 
-import numpy as np
+from calculet.engine.local import LocalEngine
+from calculet.engine.requests import GenerationRequest
+from calculet.engine.sampler import SamplerConfig
 
-from calculet.engine.generate import prefill
-from calculet.runtime.jobs import DecodeJob
-
-TIMEOUT_S = 600.0
+GREEDY = SamplerConfig(temperature=0.0)
 
 
-def golden_fns(device):
-    """(run_fn, forced_fn) for `check_against_golden`, both on a fresh lane of `device`."""
+def golden_fns(local: LocalEngine):
+    """(run_fn, forced_fn) for `check_against_golden`, each request run alone on `local`'s engine."""
 
-    def walk(input_ids: list[int], n_tokens: int, feed: list[int] | None):
-        lane = device.lanes.allocate()
-        try:
-            logits = prefill(device, lane, list(input_ids))
-            first = logits.copy()
-            out = [int(np.argmax(logits))]
-            for i in range(n_tokens - 1):
-                token = feed[i] if feed is not None else out[-1]
-                logits = device.run(DecodeJob((lane,), (token,)), TIMEOUT_S).logits[0]
-                out.append(int(np.argmax(logits)))
-        finally:
-            device.lanes.free(lane)
-        return first, out
+    def run_fn(input_ids: list[int], n_tokens: int):
+        request = GenerationRequest(tuple(input_ids), GREEDY, n_tokens, ignore_eos=True, prompt_logits=True)
+        first, tokens = None, []
+        for delta in local.submit(request):
+            if delta.prompt_logits is not None:
+                first = delta.prompt_logits
+            tokens.extend(delta.token_ids)
+        return first, tokens
 
-    def run_fn(input_ids, n_tokens):
-        return walk(input_ids, n_tokens, None)
-
-    def forced_fn(input_ids, reference_tokens):
-        return walk(input_ids, len(reference_tokens), reference_tokens)[1]
+    def forced_fn(input_ids: list[int], reference_tokens: list[int]) -> list[int]:
+        request = GenerationRequest(tuple(input_ids), GREEDY, len(reference_tokens), ignore_eos=True,
+                                    forced_ids=tuple(reference_tokens))
+        return [t for delta in local.submit(request) for t in delta.sampled_ids]
 
     return run_fn, forced_fn

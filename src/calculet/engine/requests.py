@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from calculet.engine.detokenizer import IncrementalDetokenizer
-from calculet.engine.sampler import SamplingParams, SequenceSampler
+from calculet.engine.sampler import SamplerConfig, SequenceSampler
 from calculet.engine.stop import StopChecker
 from calculet.errors import CalculetError, RequestError
 
@@ -27,10 +27,28 @@ def _bad(field_name: str, value, allowed: str):
     raise RequestError("invalid_parameter", f"{field_name}={value!r} is out of range; allowed: {allowed}")
 
 
+def check_output_options(max_tokens: int | None, min_tokens: int, n: int, logprobs: int | None,
+                         stop: tuple[str, ...]) -> None:
+    """The ranges of the output options, shared by `GenerationRequest` and the public
+    `SamplingParams` (where max_tokens may still be None: whatever fits in the context)."""
+    if max_tokens is not None and max_tokens < 1:
+        _bad("max_tokens", max_tokens, "max_tokens >= 1")
+    if min_tokens < 0 or (max_tokens is not None and min_tokens > max_tokens):
+        _bad("min_tokens", min_tokens, "0 <= min_tokens <= max_tokens" + (f" ({max_tokens})" if max_tokens is not None else ""))
+    if n < 1:
+        _bad("n", n, "n >= 1")
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        _bad("logprobs", logprobs, f"0 <= logprobs <= {MAX_LOGPROBS}")
+    if len(stop) > MAX_STOP_STRINGS:
+        _bad("stop", f"{len(stop)} strings", f"at most {MAX_STOP_STRINGS} stop strings")
+    if any(not isinstance(s, str) or not s for s in stop):
+        _bad("stop", next(s for s in stop if not isinstance(s, str) or not s), "non-empty strings")
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     prompt_ids: tuple[int, ...]
-    params: SamplingParams
+    params: SamplerConfig
     max_tokens: int
     min_tokens: int = 0
     n: int = 1
@@ -39,23 +57,21 @@ class GenerationRequest:
     ignore_eos: bool = False
     logprobs: int | None = None          # None: off; k: the sampled token's logprob plus the top k
     timeout_s: float | None = None       # None: no limit
+    # Teacher forcing (the golden check): output token i is forced_ids[i] whatever the sampler
+    # picks; each delta's `sampled_ids` still says what the sampler picked.
+    forced_ids: tuple[int, ...] = ()
+    # Deliver the raw logits row [vocab] the first token is sampled from (after the prompt) in the
+    # first delta's `prompt_logits`; that prefill fetches the full row.
+    prompt_logits: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if self.max_tokens < 1:
-            _bad("max_tokens", self.max_tokens, "max_tokens >= 1")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            _bad("min_tokens", self.min_tokens, f"0 <= min_tokens <= max_tokens ({self.max_tokens})")
-        if self.n < 1:
-            _bad("n", self.n, "n >= 1")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            _bad("logprobs", self.logprobs, f"0 <= logprobs <= {MAX_LOGPROBS}")
-        if len(self.stop) > MAX_STOP_STRINGS:
-            _bad("stop", f"{len(self.stop)} strings", f"at most {MAX_STOP_STRINGS} stop strings")
-        if any(not s for s in self.stop):
-            _bad("stop", "", "non-empty strings")
+        object.__setattr__(self, "forced_ids", tuple(int(t) for t in self.forced_ids))
+        check_output_options(self.max_tokens, self.min_tokens, self.n, self.logprobs, self.stop)
+        if len(self.forced_ids) > self.max_tokens:
+            _bad("forced_ids", f"{len(self.forced_ids)} tokens", f"at most max_tokens ({self.max_tokens}) forced tokens")
         if self.timeout_s is not None and not self.timeout_s > 0:
             _bad("timeout", self.timeout_s, "timeout > 0 seconds")
 
@@ -76,6 +92,8 @@ class SequenceDelta:
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: str | None = None          # "stop" | "length" on the sequence's last delta
+    sampled_ids: tuple[int, ...] = ()         # what the sampler picked: token_ids unless forced_ids
+    prompt_logits: object = None              # float32 [vocab] on the first delta, if the request asked
 
 
 @dataclass(frozen=True)

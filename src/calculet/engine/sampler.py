@@ -16,7 +16,7 @@ from calculet.errors import RequestError
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class SamplerConfig:
     temperature: float = 1.0
     top_k: int = 0              # 0 = off
     top_p: float = 1.0
@@ -54,7 +54,7 @@ class SamplingParams:
 class SequenceSampler:
     """Sampling state of one sequence: its generator and the tokens it has seen."""
 
-    def __init__(self, params: SamplingParams, prompt_ids=()):
+    def __init__(self, params: SamplerConfig, prompt_ids=()):
         self.params = params
         self.rng = np.random.default_rng(params.seed)
         self._prompt = set(int(t) for t in prompt_ids)
@@ -86,7 +86,8 @@ class SequenceSampler:
 
     def sample(self, logits: np.ndarray, candidates: tuple[np.ndarray, np.ndarray] | None = None) -> int:
         """logits: float32 [vocab] -> the next token id. `candidates` = (ids, values) of the row's
-        top K, best first (the on-graph sampling head), used when they are enough."""
+        top K, best first (the on-graph sampling head), used when they are enough. The token is not
+        remembered for the penalties until `record` is called with what the sequence keeps."""
         p = self.params
         if candidates is not None and self.uses_candidates(len(candidates[0])):
             ids, values = candidates
@@ -94,8 +95,12 @@ class SequenceSampler:
         else:
             logits = self._penalized(logits)
             token = int(np.argmax(logits)) if p.greedy else self._draw(logits)
-        self._output[token] += 1
         return token
+
+    def record(self, token: int) -> None:
+        """The sequence continues with `token` (the sampled one, or a forced one): count it for the
+        presence, frequency and repetition penalties."""
+        self._output[token] += 1
 
     def _draw(self, logits: np.ndarray) -> int:
         p = self.params

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from calculet.calbin.manifest import TokenizerInfo
-from calculet.runtime.program import trim_heap
+from calculet.runtime.heap import trim_heap
 
 
 class TextTokenizer:

@@ -20,6 +20,7 @@ import numpy as np
 from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, GraphSpec
 from calculet.calbin.manifest import Manifest, read_manifest, verify_files
 from calculet.errors import DeviceError, ModelError
+from calculet.runtime.heap import trim_heap
 from calculet.runtime.providers import PROVIDERS, check_active, choose_provider
 
 
@@ -36,19 +37,6 @@ class DeviceConfig:
             raise ModelError("bad_option", f"threads must be >= 0, got {self.threads}")
         if not all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in self.provider_options):
             raise ModelError("bad_option", f"provider_options must be (key, value) string pairs, got {self.provider_options!r}")
-
-
-def trim_heap() -> None:
-    """Return freed heap pages to the OS (glibc's malloc_trim). Loading a model or a large tokenizer
-    parses big temporary structures; without this their pages stay resident. No-op off glibc."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class Program:

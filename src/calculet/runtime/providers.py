@@ -37,6 +37,16 @@ class ProviderChoice:
     options: tuple[dict, ...]         # one dict per provider
 
 
+def add_provider_arguments(p) -> None:
+    """--provider and --provider-option on an argparse parser, shared by `run` and `serve`."""
+    p.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu",
+                   help="ONNX Runtime execution provider (default cpu); openvino needs the onnxruntime-openvino "
+                        "package and a --target portable calbin (a source is compiled that way: int8 weights)")
+    p.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a provider option, repeatable (openvino: device_type=CPU|GPU|NPU, cache_dir=DIR, "
+                        "precision=..., load_config=JSON)")
+
+
 def parse_provider_options(pairs: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """["K=V", ...] from the command line -> ((K, V), ...); a later K replaces an earlier one."""
     out: dict[str, str] = {}

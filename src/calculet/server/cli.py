@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="chat template for /v1/chat/completions: a built-in (gemma, chatml, qwen, llama3) or a Jinja "
                         "file (default: the model's own, else the built-in for its family)")
-    from calculet.runtime.cli import add_provider_arguments
+    from calculet.runtime.providers import add_provider_arguments
 
     add_provider_arguments(p)
     p.set_defaults(func=serve)

@@ -1,14 +1,19 @@
-"""Request bodies -> prompt token ids and a validated GenerationRequest for the engine."""
+"""Request bodies -> prompt token ids and a validated GenerationRequest for the engine.
+
+A body becomes the public `SamplingParams` (fields left out keep its defaults), and
+`SamplingParams.to_request` is the one mapping onto the engine's request, shared with `calculet.LLM`
+and `calculet run`.
+"""
 
 from __future__ import annotations
 
+from calculet.engine.params import SamplingParams
 from calculet.engine.requests import MAX_LOGPROBS, GenerationRequest
-from calculet.engine.sampler import SamplingParams
 from calculet.errors import RequestError
 from calculet.server.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, _Sampling
 
-DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "presence_penalty": 0.0,
-            "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "n", "min_tokens", "stop_token_ids")
 
 
 def check_model(requested: str | None, served: str) -> None:
@@ -17,9 +22,11 @@ def check_model(requested: str | None, served: str) -> None:
                            f"(GET /v1/models)")
 
 
-def sampling_params(body: _Sampling) -> SamplingParams:
-    values = {k: (getattr(body, k) if getattr(body, k) is not None else d) for k, d in DEFAULTS.items()}
-    return SamplingParams(seed=body.seed, **values)
+def sampling_params(body: _Sampling, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """max_tokens None: whatever fits in the context."""
+    given = {k: getattr(body, k) for k in SAMPLING_FIELDS if getattr(body, k) is not None}
+    return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, stop=body.stop or (), ignore_eos=body.ignore_eos,
+                          **given)
 
 
 def completion_prompt(body: CompletionRequest, tokenizer) -> list[int]:
@@ -56,21 +63,9 @@ def chat_prompt(messages: list[ChatMessage], model) -> list[int]:
     return model.chat.encode(chat_messages(messages))
 
 
-def _stops(stop) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
-
-
 def generation_request(body: _Sampling, prompt_ids: list[int], max_tokens: int | None, logprobs: int | None,
                        context: int, timeout_s: float | None) -> GenerationRequest:
-    if max_tokens is None:  # omitted: whatever fits (the engine rejects a prompt that leaves no room)
-        max_tokens = max(context - len(prompt_ids), 1)
-    n = body.n if body.n is not None else 1
-    min_tokens = body.min_tokens if body.min_tokens is not None else 0
-    return GenerationRequest(prompt_ids=tuple(prompt_ids), params=sampling_params(body), max_tokens=max_tokens,
-                             min_tokens=min_tokens, n=n, stop=_stops(body.stop), stop_token_ids=tuple(body.stop_token_ids or ()),
-                             ignore_eos=body.ignore_eos, logprobs=logprobs, timeout_s=timeout_s)
+    return sampling_params(body, max_tokens, logprobs).to_request(prompt_ids, context, timeout_s)
 
 
 def completion_request(body: CompletionRequest, prompt_ids: list[int], context: int, timeout_s) -> GenerationRequest:

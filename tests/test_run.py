@@ -1,4 +1,4 @@
-"""`calculet run`: streams text, ends with the speed line, compiles a source into the cache once."""
+"""`calculet run` (src/calculet/run.py): streams text, ends with the speed line, compiles a source into the cache once."""
 
 from __future__ import annotations
 
@@ -35,3 +35,11 @@ def test_run_compiles_source_into_cache_once(tiny_model_dir, tmp_path, monkeypat
     assert len(cached) == 1 and (cached[0] / "manifest.json").is_file()
     assert main(args) == 0
     assert "compiling" not in capsys.readouterr().err
+
+
+def test_run_bad_request_options_say_what_is_allowed(tiny_calbin, capsys):
+    calbin = str(tiny_calbin("qwen3"))
+    assert main(["run", calbin, "hi", "--stop-token-ids", "1,x"]) == 2
+    assert "error[bad_arguments]: --stop-token-ids must be comma-separated integers" in capsys.readouterr().err
+    assert main(["run", calbin, "hi", "--max-tokens", "4", "--min-tokens", "9"]) == 2
+    assert "min_tokens=9 is out of range; allowed: 0 <= min_tokens <= max_tokens (4)" in capsys.readouterr().err
