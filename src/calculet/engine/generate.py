@@ -14,9 +14,8 @@ from calculet.engine.detokenizer import IncrementalDetokenizer
 from calculet.engine.sampler import SamplingParams, SequenceSampler
 from calculet.errors import RequestError
 from calculet.runtime.chunking import plan_chunks
+from calculet.runtime.device import JOB_TIMEOUT_S
 from calculet.runtime.jobs import DecodeJob, PrefillJob
-
-WAIT_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,7 @@ def prefill(device, lane: int, prompt_ids: list[int], start: int = 0):
     pieces = plan_chunks(len(prompt_ids) - start, start, program.chunk_sizes, device.lanes.context)
     for i, n in enumerate(pieces):
         last = i == len(pieces) - 1
-        result = device.run(PrefillJob(lane, tuple(prompt_ids[pos:pos + n]), want_logits=last), WAIT_TIMEOUT_S)
+        result = device.run(PrefillJob(lane, tuple(prompt_ids[pos:pos + n]), want_logits=last), JOB_TIMEOUT_S)
         pos += n
     return result.logits[0]
 
@@ -86,7 +85,7 @@ def generate(device, tokenizer, prompt_ids: list[int], params: SamplingParams, m
                     on_text(delta)
             if len(tokens) >= max_tokens:
                 break
-            result = device.run(DecodeJob((lane,), (token,)), WAIT_TIMEOUT_S)
+            result = device.run(DecodeJob((lane,), (token,)), JOB_TIMEOUT_S)
             logits = result.logits[0]
             candidates = (result.topk_ids[0], result.topk_values[0]) if result.topk_ids is not None else None
         if on_text is not None:

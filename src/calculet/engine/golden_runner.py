@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from calculet.engine.generate import prefill
+from calculet.runtime.device import JOB_TIMEOUT_S
 from calculet.runtime.jobs import DecodeJob
-
-TIMEOUT_S = 600.0
 
 
 def golden_fns(device):
@@ -21,7 +20,7 @@ def golden_fns(device):
             out = [int(np.argmax(logits))]
             for i in range(n_tokens - 1):
                 token = feed[i] if feed is not None else out[-1]
-                logits = device.run(DecodeJob((lane,), (token,)), TIMEOUT_S).logits[0]
+                logits = device.run(DecodeJob((lane,), (token,)), JOB_TIMEOUT_S).logits[0]
                 out.append(int(np.argmax(logits)))
         finally:
             device.lanes.free(lane)

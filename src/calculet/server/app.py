@@ -20,7 +20,7 @@ from calculet.server.openai_format import ChatFormat, CompletionFormat
 from calculet.server.responses import EngineCall, respond, stream
 from calculet.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
-log = logging.getLogger("calculet.server")
+log = logging.getLogger(__name__)
 
 
 def create_app(config, host, metrics) -> FastAPI:

@@ -193,6 +193,7 @@ def _tensor_bytes(path: str, name: str, dims: list[int], ggml_type: int) -> int:
 _HF_CLASS = {"gemma3": "Gemma3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
              "qwen3": "Qwen3ForCausalLM"}
 GEMMA3_SLIDING_PERIOD = 6       # 5 local layers then 1 global (llama.cpp and HF default)
+ROPE_BASE_DEFAULT = 10000.0     # llama.cpp's rope.freq_base when a file omits it
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 GEMMA3_27B_LAYERS = 62          # llama.cpp scales queries by 1/sqrt(hidden/heads) only for 27B
 
@@ -230,7 +231,7 @@ def gguf_config(gf: GgufFile) -> dict:
     if rope_dims not in (None, head_dim):
         raise ModelError("gguf_unsupported_rope", f"{gf.path}: RoPE covers {rope_dims} of {head_dim} head "
                                                   f"dimensions; only full-width RoPE is supported")
-    rope_theta = float(k("rope.freq_base", default=10000.0))
+    rope_theta = float(k("rope.freq_base", default=ROPE_BASE_DEFAULT))
     rope_scaling = _rope_scaling(gf, arch, head_dim, rope_theta)
     config = {
         "model_type": "gemma3_text" if arch == "gemma3" else arch,
