@@ -16,6 +16,7 @@ from calculet import __version__
 from calculet.errors import CalculetError, RequestError
 from calculet.server import params
 from calculet.server.errors import error_response, status_of, validation_message
+from calculet.server.metrics import CONTENT_TYPE
 from calculet.server.openai_format import ChatFormat, CompletionFormat
 from calculet.server.responses import EngineCall, respond, stream
 from calculet.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -36,7 +37,7 @@ def create_app(config, host, metrics) -> FastAPI:
             raise RequestError("unauthorized", "missing or wrong API key; send the header `Authorization: Bearer <key>`")
 
     def answer_error(error: CalculetError) -> JSONResponse:
-        metrics.http_errors.inc(1, str(status_of(error)))
+        metrics.http_errors.labels(str(status_of(error))).inc()
         return error_response(error)
 
     @app.exception_handler(CalculetError)
@@ -50,7 +51,7 @@ def create_app(config, host, metrics) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        metrics.http_errors.inc(1, str(exc.status_code))
+        metrics.http_errors.labels(str(exc.status_code)).inc()
         return JSONResponse({"error": {"message": str(exc.detail), "type": "invalid_request_error", "code": code,
                                        "param": None}}, status_code=exc.status_code)
 
@@ -69,7 +70,7 @@ def create_app(config, host, metrics) -> FastAPI:
 
     @app.get("/metrics", dependencies=guard, tags=["admin"], response_class=PlainTextResponse)
     async def metrics_text():
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=guard, tags=["openai"])
     async def models():
