@@ -11,6 +11,9 @@ llama.cpp's converter changes two things on the way in, and both are undone here
   llama.cpp's interleaved pairs. Qwen2/Qwen3 use half-split RoPE in llama.cpp too: no permutation.
 
 Everything here is numpy + `gguf` + `tokenizers`; torch and transformers are never imported.
+The tables are read here rather than with `gguf.GGUFReader`: on the default model the library took
+11 s and 714 MB of heap (one numpy array per part of every vocabulary string) where this takes 0.4 s
+and 35 MB; docs/ARCHITECTURE.md has the measurement.
 """
 
 from __future__ import annotations
