@@ -24,6 +24,18 @@ from calculet.server.schemas import ChatCompletionRequest, CompletionRequest, De
 log = logging.getLogger(__name__)
 
 
+async def _answer(call: EngineCall, fmt, n: int, body, request: Request, prefix: str = ""):
+    """Server-sent events when the request asks to stream, else one JSON response."""
+    if body.stream:
+        return stream(call, fmt, n, bool(body.stream_options and body.stream_options.include_usage))
+    return await respond(call, fmt, n, request, prefix=prefix)
+
+
+def _model_card(m) -> dict:
+    """One entry of /v1/models for a loaded model."""
+    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "calculet", "max_model_len": m.context}
+
+
 def create_app(config, host, metrics) -> FastAPI:
     """config: ServerConfig; host: ModelHost; metrics: ServerMetrics."""
     app = FastAPI(title="Calculet", version=__version__, description="OpenAI-compatible server over a calbin")
@@ -75,14 +87,13 @@ def create_app(config, host, metrics) -> FastAPI:
     @app.get("/v1/models", dependencies=guard, tags=["openai"])
     async def models():
         m = host.require()
-        return {"object": "list", "data": [{"id": m.name, "object": "model", "created": m.created, "owned_by": "calculet",
-                                            "max_model_len": m.context}]}
+        return {"object": "list", "data": [_model_card(m)]}
 
     @app.get("/v1/models/{model_id}", dependencies=guard, tags=["openai"])
     async def model_info(model_id: str):
         m = host.require()
         params.check_model(model_id, m.name)
-        return {"id": m.name, "object": "model", "created": m.created, "owned_by": "calculet", "max_model_len": m.context}
+        return _model_card(m)
 
     @app.post("/v1/completions", dependencies=guard, tags=["openai"])
     async def completions(body: CompletionRequest, request: Request):
@@ -92,10 +103,7 @@ def create_app(config, host, metrics) -> FastAPI:
         gen = params.completion_request(body, prompt_ids, m.context, config.request_timeout_s)
         echo = (body.prompt if isinstance(body.prompt, str) else m.tokenizer.decode(prompt_ids)) if body.echo else ""
         fmt = CompletionFormat(m.name, m.tokenizer, body.return_token_ids, echo_text=echo if body.stream else "")
-        call = EngineCall(m.engine, gen)
-        if body.stream:
-            return stream(call, fmt, gen.n, bool(body.stream_options and body.stream_options.include_usage))
-        return await respond(call, fmt, gen.n, request, prefix=echo)
+        return await _answer(EngineCall(m.engine, gen), fmt, gen.n, body, request, prefix=echo)
 
     @app.post("/v1/chat/completions", dependencies=guard, tags=["openai"])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -104,10 +112,7 @@ def create_app(config, host, metrics) -> FastAPI:
         prompt_ids = params.chat_prompt(body.messages, m)
         gen = params.chat_request(body, prompt_ids, m.context, config.request_timeout_s, m.chat.stop_token_ids)
         fmt = ChatFormat(m.name, m.tokenizer, body.return_token_ids)
-        call = EngineCall(m.engine, gen)
-        if body.stream:
-            return stream(call, fmt, gen.n, bool(body.stream_options and body.stream_options.include_usage))
-        return await respond(call, fmt, gen.n, request)
+        return await _answer(EngineCall(m.engine, gen), fmt, gen.n, body, request)
 
     @app.post("/tokenize", dependencies=guard, tags=["admin"])
     async def tokenize(body: TokenizeRequest):

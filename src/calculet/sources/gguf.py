@@ -18,7 +18,6 @@ and 35 MB; docs/ARCHITECTURE.md has the measurement.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import mmap
 import os
@@ -32,7 +31,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from calculet.errors import ModelError
-from calculet.sources.base import LazyTensors, SourceModel
+from calculet.sources.base import LazyTensors, SourceModel, sha256_files
 from calculet.sources.gguf_tokenizer import convert_tokenizer
 
 SUPPORTED_ARCHS = ("gemma3", "llama", "qwen2", "qwen3")
@@ -428,11 +427,7 @@ def _loader(gf: GgufFile, info: GgufTensorInfo, transform) -> Callable[[], np.nd
 # ── the source ──────────────────────────────────────────────────────────────────────────────────
 
 def file_sha256(path: str, chunk_bytes: int = 4 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk_bytes):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256_files([path], chunk_bytes)
 
 
 def read_gguf_config(path: str) -> dict:

@@ -6,7 +6,6 @@ file size when opened), each tensor on access; its errors are re-raised with our
 
 from __future__ import annotations
 
-import hashlib
 import json
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +16,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from calculet.errors import ModelError
-from calculet.sources.base import LazyTensors, SourceModel
+from calculet.sources.base import LazyTensors, SourceModel, sha256_files
 
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")   # safetensors dtypes read as float32
 
@@ -76,15 +75,6 @@ def _tensor_loader(path: Path, name: str, dtype: str):
     return load
 
 
-def _sha256_files(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        with p.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
 def load_hf_folder(folder: str | Path) -> SourceModel:
     folder = Path(folder)
     if not folder.is_dir():
@@ -120,5 +110,5 @@ def load_hf_folder(folder: str | Path) -> SourceModel:
         tokenizer_json=tok_path.read_text(),
         tokenizer_config=tok_config,
         generation_config=gen_config,
-        source_sha256=_sha256_files(files),
+        source_sha256=sha256_files(files),
     )
