@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def free_port() -> int:
@@ -68,13 +69,9 @@ class Server:
         return httpx.post(self.url + path, json=body, headers=self.headers(), timeout=120, **kw)
 
     def metrics(self) -> dict[str, float]:
-        """Samples of /metrics as {'name{labels}': value}."""
-        out = {}
-        for line in self.get("/metrics").text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
+        """Samples of /metrics as {'name{labels}': value}, labels sorted by name (Prometheus gives
+        label order no meaning), parsed with prometheus-client's own text parser."""
+        return metric_samples(self.get("/metrics").text)
 
     def wait_idle(self, timeout: float = 5.0) -> dict[str, float]:
         """Metrics once no request runs or waits and no lane is in use (or the last ones seen)."""
@@ -95,3 +92,13 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """{'name{label="value",...}': value} of every sample in a Prometheus text exposition, labels sorted."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return out

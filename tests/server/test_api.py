@@ -220,7 +220,7 @@ def test_metrics_exposition(server):
         assert f"\n{name}" in text, name
     m = server.metrics()
     assert 0 < m['calculet_device_padding_efficiency{kind="prefill"}'] <= 1
-    assert m['calculet_device_phase_seconds_bucket{kind="decode",phase="infer",le="+Inf"}'] > 0
+    assert m['calculet_device_phase_seconds_bucket{kind="decode",le="+Inf",phase="infer"}'] > 0
 
 
 @pytest.mark.parametrize("body, field", [

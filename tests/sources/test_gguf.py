@@ -20,7 +20,7 @@ from gguf.quants import quantize
 from tokenizers import Tokenizer
 
 from calculet.errors import ModelError
-from calculet.sources.gguf import load_gguf, read_gguf, unpermute_rope_rows
+from calculet.sources.gguf import load_gguf, read_gguf, read_gguf_config, unpermute_rope_rows
 from calculet.sources.gguf_tokenizer import byte_alphabet, convert_tokenizer
 
 TEXTS = [
@@ -374,6 +374,17 @@ def test_source_fields(tiny):
     source = load_gguf(str(t.path))
     assert source.kind == "gguf" and source.path == str(t.path)
     assert source.source_sha256 == hashlib.sha256(t.path.read_bytes()).hexdigest()
+
+
+def test_read_gguf_config_reads_the_header_only(tiny, tmp_path):
+    """`plan` reads a config without loading weights: garbage tensor data leaves the config unchanged."""
+    t = tiny("llama")
+    data = bytearray(t.path.read_bytes())
+    start = min(info.offset for info in read_gguf(str(t.path)).tensors.values())
+    data[start:] = bytes([0xFF]) * (len(data) - start)
+    path = tmp_path / "garbage-data.gguf"
+    path.write_bytes(bytes(data))
+    assert read_gguf_config(str(path)) == load_gguf(str(t.path)).config
 
 
 # ── bad input ───────────────────────────────────────────────────────────────────────────────────

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from calculet.bench.config import APIS, DEFAULT_REQUESTS, LOAD_MODES, SETTINGS, Limits, Load, Target, Workload
+
 _RUN_HELP = """Load an OpenAI-compatible server and record every request (RUN/records.jsonl).
 Lists (comma-separated) sweep: --concurrency 1,8 or --rate 1,2,4; --prompt-tokens 256,1024 or auto."""
 
@@ -22,19 +24,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     target.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8080 (with or without /v1)")
     target.add_argument("--model", help="model name to send (as the server lists it)")
     target.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
-    target.add_argument("--api", choices=("completions", "chat"), help="endpoint (default: completions)")
-    target.add_argument("--timeout", type=float, help="seconds per request (default: 600)")
+    target.add_argument("--api", choices=APIS, help=f"endpoint (default: {Target.api})")
+    target.add_argument("--timeout", type=float, help=f"seconds per request (default: {Target.timeout_s:g})")
     load = run.add_argument_group("load")
-    load.add_argument("--load", choices=("closed", "poisson", "gamma", "constant"),
+    load.add_argument("--load", choices=LOAD_MODES,
                       help="closed loop, or open-loop arrivals (default: closed, or poisson with --rate)")
     load.add_argument("--concurrency", help="closed loop: concurrent clients (list sweeps; default 1)")
     load.add_argument("--rate", help="open loop: requests/s (list sweeps)")
-    load.add_argument("--burstiness", type=float, help="gamma shape: 1 Poisson, <1 burstier (default 1)")
+    load.add_argument("--burstiness", type=float, help=f"gamma shape: 1 Poisson, <1 burstier (default {Load.burstiness:g})")
     load.add_argument("--max-concurrency", type=int, help="open loop: cap on requests in flight")
     work = run.add_argument_group("workload")
     work.add_argument("--prompt-tokens", help="prompt lengths in tokens, or 'auto' (1,16,256,1K,2K,4K… "
-                      "up to the context) (default: 256)")
-    work.add_argument("--output-tokens", type=int, help="output tokens per request (default: 128)")
+                      f"up to the context) (default: {','.join(map(str, Workload.prompt_tokens))})")
+    work.add_argument("--output-tokens", type=int, help=f"output tokens per request (default: {Workload.output_tokens})")
     work.add_argument("--no-fixed-output", dest="fixed_output", action="store_const", const=False,
                       help="do not send ignore_eos/min_tokens")
     work.add_argument("--prompts", type=Path, help="JSONL of prompts ({'prompt': …} or {'messages': …}) "
@@ -42,9 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     work.add_argument("--tokenizer", type=Path, help="tokenizer.json to count tokens (default: server's /tokenize)")
     work.add_argument("--max-context", type=int, help="context length, when the server does not report it")
     bound = run.add_argument_group("bounds and output")
-    bound.add_argument("--requests", type=int, help="requests per phase (default: 64, or the prompts file)")
+    bound.add_argument("--requests", type=int, help=f"requests per phase (default: {DEFAULT_REQUESTS}, or the prompts file)")
     bound.add_argument("--duration", type=float, help="seconds per phase before sending stops")
-    bound.add_argument("--warmup", type=int, help="warm-up requests, not counted (default: 2)")
+    bound.add_argument("--warmup", type=int, help=f"warm-up requests, not counted (default: {Limits.warmup})")
     bound.add_argument("--seed", type=int, help="seed for prompts and arrivals (default: 0)")
     bound.add_argument("--slo", help="goodput limits, e.g. ttft=500ms,tpot=50ms,e2e=10s")
     bound.add_argument("--out", type=Path, help="run directory (default: calculet-bench/<time>)")
@@ -68,17 +70,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     compare.set_defaults(func=_compare)
 
 
-_RUN_KEYS = ("url", "model", "api_key", "api", "timeout", "load", "concurrency", "rate", "burstiness",
-             "max_concurrency", "prompt_tokens", "output_tokens", "fixed_output", "prompts", "tokenizer",
-             "max_context", "requests", "duration", "warmup", "seed", "slo", "out", "progress", "label")
-
-
 def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Scenario-file values overridden by the flags that were given."""
     from calculet.bench.config import read_scenario_file
 
     settings = read_scenario_file(args.scenario) if args.scenario else {}
-    for key in _RUN_KEYS:
+    for key in SETTINGS:
         value = getattr(args, key, None)
         if value is not None:
             settings[key] = str(value) if isinstance(value, Path) else value

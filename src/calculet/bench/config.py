@@ -23,6 +23,7 @@ from calculet.errors import RequestError
 
 LOAD_MODES = ("closed", "poisson", "gamma", "constant")
 APIS = ("completions", "chat")
+DEFAULT_REQUESTS = 64        # requests per phase when neither --requests nor a prompts file says
 # Prompt-length buckets in tokens; `auto` takes these up to the model's context.
 AUTO_BUCKETS = (1, 16, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
@@ -34,7 +35,7 @@ class Target:
     url: str                 # base URL, with or without a trailing /v1
     model: str
     api_key: str | None = None
-    api: str = "completions"
+    api: str = APIS[0]
     timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
@@ -123,7 +124,7 @@ class Workload:
 class Limits:
     """Bounds per phase (one load level × one prompt bucket); warm-up is once per run."""
 
-    requests: int | None = None       # per phase; None: 64, or every line of the prompts file
+    requests: int | None = None       # per phase; None: DEFAULT_REQUESTS, or every line of the prompts file
     duration_s: float | None = None   # per phase: stop sending after this long
     warmup: int = 2
 
@@ -168,11 +169,12 @@ def read_scenario_file(path: Path) -> dict[str, Any]:
     return {key.replace("-", "_"): value for key, value in data.items()}
 
 
-_KNOWN = {
+# Every setting a scenario file or a `bench run` flag may give (flags use dashes).
+SETTINGS = (
     "url", "model", "api_key", "api", "timeout", "load", "concurrency", "rate", "burstiness",
     "max_concurrency", "prompt_tokens", "output_tokens", "fixed_output", "prompts", "tokenizer",
     "max_context", "requests", "duration", "warmup", "seed", "slo", "out", "progress", "label",
-}
+)
 
 
 def _as_list(value: Any, kind: type, name: str) -> list:
@@ -191,18 +193,18 @@ def _as_list(value: Any, kind: type, name: str) -> list:
 def _prompt_buckets(value: Any) -> tuple[int, ...] | str:
     if value == "auto" or value == ["auto"]:
         return "auto"
-    return tuple(_as_list(value, int, "prompt_tokens")) or (256,)
+    return tuple(_as_list(value, int, "prompt_tokens")) or Workload.prompt_tokens
 
 
 def build_config(settings: dict[str, Any]) -> BenchConfig:
     """Build a config from merged settings (scenario file values overridden by flags)."""
-    unknown = sorted(set(settings) - _KNOWN)
+    unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
-        raise RequestError("bad_scenario", f"unknown settings {unknown}; known: {sorted(_KNOWN)}")
+        raise RequestError("bad_scenario", f"unknown settings {unknown}; known: {sorted(SETTINGS)}")
     get = settings.get
     target = Target(
         url=str(get("url") or ""), model=str(get("model") or ""), api_key=get("api_key"),
-        api=get("api") or "completions", timeout_s=float(get("timeout") or 600.0),
+        api=get("api") or Target.api, timeout_s=float(get("timeout") or Target.timeout_s),
     )
     mode = get("load") or ("closed" if get("rate") is None else "poisson")
     if mode == "closed":
@@ -215,7 +217,7 @@ def build_config(settings: dict[str, Any]) -> BenchConfig:
         if not rates:
             raise RequestError("bad_rate", f"--load {mode} needs --rate (requests/s; a list sweeps)")
         cap = get("max_concurrency")
-        burst = float(get("burstiness") if get("burstiness") is not None else 1.0)
+        burst = float(get("burstiness") if get("burstiness") is not None else Load.burstiness)
         if mode != "gamma" and burst != 1.0:
             raise RequestError("bad_burstiness", "--burstiness applies to --load gamma only")
         loads = tuple(Load(mode, concurrency=int(cap) if cap else None, rate=r, burstiness=burst) for r in rates)
@@ -223,7 +225,7 @@ def build_config(settings: dict[str, Any]) -> BenchConfig:
     prompts = get("prompts")
     workload = Workload(
         prompt_tokens=AUTO_BUCKETS if buckets == "auto" else buckets,
-        output_tokens=int(get("output_tokens") or 128),
+        output_tokens=int(get("output_tokens") or Workload.output_tokens),
         fixed_output=bool(get("fixed_output", True)),
         prompts_file=Path(prompts) if prompts else None,
         tokenizer=Path(get("tokenizer")) if get("tokenizer") else None,
@@ -232,7 +234,7 @@ def build_config(settings: dict[str, Any]) -> BenchConfig:
     limits = Limits(
         requests=int(get("requests")) if get("requests") is not None else None,
         duration_s=float(get("duration")) if get("duration") is not None else None,
-        warmup=int(get("warmup")) if get("warmup") is not None else 2,
+        warmup=int(get("warmup")) if get("warmup") is not None else Limits.warmup,
     )
     out = get("out") or Path("calculet-bench") / time.strftime("%Y%m%d-%H%M%S")
     return BenchConfig(

@@ -20,6 +20,12 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _cdf(ax, values_ms: list[float], label: str) -> None:
     if not values_ms:
         return
@@ -52,9 +58,7 @@ def latency_cdfs(records: list[RequestRecord], path: Path) -> Path:
     if labels:
         fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize="small")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def throughput_vs_load(summaries: list[ScenarioSummary], path: Path) -> Path:
@@ -84,9 +88,7 @@ def throughput_vs_load(summaries: list[ScenarioSummary], path: Path) -> Path:
             ax.set_ylim(bottom=0)
         top.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def ttft_vs_prompt_length(records: list[RequestRecord], path: Path) -> Path:
@@ -112,9 +114,7 @@ def ttft_vs_prompt_length(records: list[RequestRecord], path: Path) -> Path:
     if points:
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write_plots(records: list[RequestRecord], summaries: list[ScenarioSummary], folder: Path) -> list[Path]:

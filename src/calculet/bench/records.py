@@ -50,7 +50,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 SCHEMA_VERSION = 1
 RECORDS_FILE = "records.jsonl"
@@ -152,12 +152,6 @@ class RequestRecord(StreamResult, RequestOrigin):
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def write_records(path: Path, records: Iterable[RequestRecord]) -> None:
-    with path.open("a", encoding="utf-8") as out:
-        for record in records:
-            out.write(record.to_json() + "\n")
-
-
 def read_records(path: Path) -> list[RequestRecord]:
     """Read a records file, or the records file of a run directory."""
     path = records_path(path)
@@ -171,10 +165,6 @@ def read_records(path: Path) -> list[RequestRecord]:
             except (json.JSONDecodeError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{number}: not a request record: {exc}") from exc
     return records
-
-
-def iter_measured(records: Iterable[RequestRecord]) -> Iterator[RequestRecord]:
-    return (r for r in records if not r.warmup)
 
 
 def records_path(path: Path) -> Path:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calculet.bench.config import AUTO_BUCKETS, BenchConfig, Load
+from calculet.bench.config import AUTO_BUCKETS, DEFAULT_REQUESTS, BenchConfig, Load
 from calculet.bench.tokens import TokenCounter, exact_prompt
 from calculet.errors import RequestError
 
@@ -86,9 +86,6 @@ def bucket_prompts(counter: TokenCounter, bucket: int, n: int, max_tokens: int, 
     rng = random.Random(f"{seed}/{bucket}")
     return [Prompt(text=exact_prompt(counter, bucket, rng), messages=None, max_tokens=max_tokens,
                    bucket=bucket, target_tokens=bucket) for _ in range(n)]
-
-
-DEFAULT_REQUESTS = 64
 
 
 def plan_phases(config: BenchConfig, counter: TokenCounter | None,

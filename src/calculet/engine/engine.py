@@ -35,6 +35,7 @@ from calculet.engine.requests import (Event, GenerationRequest, RequestDone, Req
                                       SequenceDelta)
 from calculet.engine.scheduler import Scheduler, StepPlan
 from calculet.errors import CalculetError, DeviceError, RequestError
+from calculet.runtime.device import JOB_TIMEOUT_S
 from calculet.runtime.jobs import DecodeJob, JobResult, PrefillJob
 
 log = logging.getLogger("calculet.engine")
@@ -55,7 +56,7 @@ class EngineConfig:
     max_queue: int = 128              # sequences that may wait for a lane; beyond, submit() says queue_full
     max_prefill_tokens: int = 512     # prompt tokens prefilled per step (at least one chunk runs)
     request_timeout_s: float | None = None
-    job_timeout_s: float = 600.0      # the longest one device job may take before it counts as failed
+    job_timeout_s: float = JOB_TIMEOUT_S     # the longest one device job may take before it counts as failed
 
     def __post_init__(self):
         if self.max_queue < 0:

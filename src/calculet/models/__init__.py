@@ -23,10 +23,6 @@ def _families() -> dict[str, ModuleType]:
     return table
 
 
-def supported_model_types() -> list[str]:
-    return sorted(_families())
-
-
 def family_for(config: dict) -> ModuleType:
     model_type = config.get("model_type")
     families = _families()

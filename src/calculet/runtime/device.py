@@ -28,6 +28,10 @@ from calculet.runtime.jobs import DecodeJob, JobHandle, JobResult, PhaseTimings,
 from calculet.runtime.lanes import Lanes
 from calculet.runtime.program import DeviceConfig, Program
 
+# How long a caller waits for one device job before counting it as failed (engine, `calculet run`,
+# golden checks): generous, since the first job on a large model and a slow CPU can take minutes.
+JOB_TIMEOUT_S = 600.0
+
 
 class Device:
     def __init__(self, config: DeviceConfig | None = None, faults: FaultPlan | None = None):

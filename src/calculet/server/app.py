@@ -16,11 +16,24 @@ from calculet import __version__
 from calculet.errors import CalculetError, RequestError
 from calculet.server import params
 from calculet.server.errors import error_response, status_of, validation_message
+from calculet.server.metrics import CONTENT_TYPE
 from calculet.server.openai_format import ChatFormat, CompletionFormat
 from calculet.server.responses import EngineCall, respond, stream
 from calculet.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
-log = logging.getLogger("calculet.server")
+log = logging.getLogger(__name__)
+
+
+async def _answer(call: EngineCall, fmt, n: int, body, request: Request, prefix: str = ""):
+    """Server-sent events when the request asks to stream, else one JSON response."""
+    if body.stream:
+        return stream(call, fmt, n, bool(body.stream_options and body.stream_options.include_usage))
+    return await respond(call, fmt, n, request, prefix=prefix)
+
+
+def _model_card(m) -> dict:
+    """One entry of /v1/models for a loaded model."""
+    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "calculet", "max_model_len": m.context}
 
 
 def create_app(config, host, metrics) -> FastAPI:
@@ -36,7 +49,7 @@ def create_app(config, host, metrics) -> FastAPI:
             raise RequestError("unauthorized", "missing or wrong API key; send the header `Authorization: Bearer <key>`")
 
     def answer_error(error: CalculetError) -> JSONResponse:
-        metrics.http_errors.inc(1, str(status_of(error)))
+        metrics.http_errors.labels(str(status_of(error))).inc()
         return error_response(error)
 
     @app.exception_handler(CalculetError)
@@ -50,7 +63,7 @@ def create_app(config, host, metrics) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        metrics.http_errors.inc(1, str(exc.status_code))
+        metrics.http_errors.labels(str(exc.status_code)).inc()
         return JSONResponse({"error": {"message": str(exc.detail), "type": "invalid_request_error", "code": code,
                                        "param": None}}, status_code=exc.status_code)
 
@@ -69,19 +82,18 @@ def create_app(config, host, metrics) -> FastAPI:
 
     @app.get("/metrics", dependencies=guard, tags=["admin"], response_class=PlainTextResponse)
     async def metrics_text():
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=guard, tags=["openai"])
     async def models():
         m = host.require()
-        return {"object": "list", "data": [{"id": m.name, "object": "model", "created": m.created, "owned_by": "calculet",
-                                            "max_model_len": m.context}]}
+        return {"object": "list", "data": [_model_card(m)]}
 
     @app.get("/v1/models/{model_id}", dependencies=guard, tags=["openai"])
     async def model_info(model_id: str):
         m = host.require()
         params.check_model(model_id, m.name)
-        return {"id": m.name, "object": "model", "created": m.created, "owned_by": "calculet", "max_model_len": m.context}
+        return _model_card(m)
 
     @app.post("/v1/completions", dependencies=guard, tags=["openai"])
     async def completions(body: CompletionRequest, request: Request):
@@ -91,10 +103,7 @@ def create_app(config, host, metrics) -> FastAPI:
         gen = params.completion_request(body, prompt_ids, m.context, config.request_timeout_s)
         echo = (body.prompt if isinstance(body.prompt, str) else m.tokenizer.decode(prompt_ids)) if body.echo else ""
         fmt = CompletionFormat(m.name, m.tokenizer, body.return_token_ids, echo_text=echo if body.stream else "")
-        call = EngineCall(m.engine, gen)
-        if body.stream:
-            return stream(call, fmt, gen.n, bool(body.stream_options and body.stream_options.include_usage))
-        return await respond(call, fmt, gen.n, request, prefix=echo)
+        return await _answer(EngineCall(m.engine, gen), fmt, gen.n, body, request, prefix=echo)
 
     @app.post("/v1/chat/completions", dependencies=guard, tags=["openai"])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -103,10 +112,7 @@ def create_app(config, host, metrics) -> FastAPI:
         prompt_ids = params.chat_prompt(body.messages, m)
         gen = params.chat_request(body, prompt_ids, m.context, config.request_timeout_s, m.chat.stop_token_ids)
         fmt = ChatFormat(m.name, m.tokenizer, body.return_token_ids)
-        call = EngineCall(m.engine, gen)
-        if body.stream:
-            return stream(call, fmt, gen.n, bool(body.stream_options and body.stream_options.include_usage))
-        return await respond(call, fmt, gen.n, request)
+        return await _answer(EngineCall(m.engine, gen), fmt, gen.n, body, request)
 
     @app.post("/tokenize", dependencies=guard, tags=["admin"])
     async def tokenize(body: TokenizeRequest):

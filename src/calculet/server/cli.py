@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+from calculet.server.config import ServerConfig  # its field defaults are the flags' defaults
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a calbin (or a source, compiled into the cache once) over an OpenAI-compatible API")
     p.add_argument("model", nargs="?", default=None, metavar="CALBIN|SOURCE",
                    help="a calbin, HF folder or .gguf file (omit for the embedded default model)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default=ServerConfig.host)
+    p.add_argument("--port", type=int, default=ServerConfig.port)
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 and admin routes")
-    p.add_argument("--max-queue", type=int, default=128, help="requests (choices) that may wait for a lane; more get 429 (default 128)")
-    p.add_argument("--max-prefill-tokens", type=int, default=512, metavar="N",
+    p.add_argument("--max-queue", type=int, default=ServerConfig.max_queue,
+                   help="requests (choices) that may wait for a lane; more get 429 (default %(default)s)")
+    p.add_argument("--max-prefill-tokens", type=int, default=ServerConfig.max_prefill_tokens, metavar="N",
                    help="prompt tokens prefilled per engine step, in chunks (at least one chunk); higher: better "
-                        "throughput and TTFT under bursts, lower: steadier inter-token latency (default 512)")
+                        "throughput and TTFT under bursts, lower: steadier inter-token latency (default %(default)s)")
     p.add_argument("--request-timeout", type=float, default=None, metavar="S", help="fail a request after S seconds")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: from the path)")
-    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0 = all cores)")
+    p.add_argument("--threads", type=int, default=ServerConfig.threads, help="ONNX Runtime intra-op threads (0 = all cores)")
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="chat template for /v1/chat/completions: a built-in (gemma, chatml, qwen, llama3) or a Jinja "
                         "file (default: the model's own, else the built-in for its family)")
@@ -28,7 +31,6 @@ def add_parser(sub) -> None:
 
 def serve(args) -> int:
     from calculet.runtime.providers import parse_provider_options
-    from calculet.server.config import ServerConfig
     from calculet.server.runner import run_server
 
     config = ServerConfig(model=args.model, host=args.host, port=args.port, api_key=args.api_key,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from calculet.engine.engine import EngineConfig
 from calculet.errors import RequestError
+
+if TYPE_CHECKING:  # the engine is imported when used, so `calculet serve --help` reads these defaults fast
+    from calculet.engine.engine import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class ServerConfig:
 
     def engine_config(self) -> EngineConfig:
         """The engine's share of the options (validated by EngineConfig itself)."""
+        from calculet.engine.engine import EngineConfig
+
         return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
                             request_timeout_s=self.request_timeout_s)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from calculet.errors import CalculetError, DeviceError, ModelError
 
-log = logging.getLogger("calculet.server")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,11 @@ class _Format:
     def first_chunks(self, n: int) -> list[dict]:
         return []
 
+    def _with_token_ids(self, choice: dict, token_ids) -> dict:
+        if self.return_token_ids and token_ids is not None:
+            choice["token_ids"] = list(token_ids)
+        return choice
+
 
 class CompletionFormat(_Format):
     object = chunk_object = "text_completion"
@@ -80,9 +85,7 @@ class CompletionFormat(_Format):
     def choice(self, index: int, text: str, entries, finish: str | None, token_ids=None, chunk: bool = False) -> dict:
         c = {"index": index, "text": text, "logprobs": self.logprobs(index, entries) if entries is not None else None,
              "finish_reason": finish}
-        if self.return_token_ids and token_ids is not None:
-            c["token_ids"] = list(token_ids)
-        return c
+        return self._with_token_ids(c, token_ids)
 
     def first_chunks(self, n: int) -> list[dict]:
         if not self.echo_text:
@@ -113,9 +116,7 @@ class ChatFormat(_Format):
             c = {"index": index, "delta": {"content": text} if text else {}, "logprobs": lps, "finish_reason": finish}
         else:
             c = {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": lps, "finish_reason": finish}
-        if self.return_token_ids and token_ids is not None:
-            c["token_ids"] = list(token_ids)
-        return c
+        return self._with_token_ids(c, token_ids)
 
     def first_chunks(self, n: int) -> list[dict]:
         return [self.envelope([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

@@ -16,7 +16,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from calculet.engine.requests import RequestDone, RequestFailed, SequenceDelta
-from calculet.errors import CalculetError
 from calculet.server.errors import error_body, error_response
 from calculet.server.openai_format import timing_headers, usage
 
@@ -140,7 +139,3 @@ async def _events(call: EngineCall, fmt, n: int, include_usage: bool):
 def stream(call: EngineCall, fmt, n: int, include_usage: bool) -> StreamingResponse:
     headers = {"x-calculet-timings": json.dumps({"arrived_unix": round(call.arrived_unix, 6)}), "cache-control": "no-cache"}
     return StreamingResponse(_events(call, fmt, n, include_usage), media_type="text/event-stream", headers=headers)
-
-
-def failure(error: CalculetError) -> JSONResponse:
-    return error_response(error)

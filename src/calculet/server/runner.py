@@ -9,7 +9,7 @@ import threading
 import time
 from contextlib import asynccontextmanager
 
-log = logging.getLogger("calculet.server")
+log = logging.getLogger(__name__)
 
 
 def _setup_logging() -> None:

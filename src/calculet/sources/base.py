@@ -11,8 +11,10 @@ compiler never knows where weights came from:
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -47,3 +49,13 @@ class SourceModel:
     tokenizer_config: dict = field(default_factory=dict)
     generation_config: dict = field(default_factory=dict)
     source_sha256: str = ""        # of the file (GGUF) or of the concatenated weight files (HF)
+
+
+def sha256_files(paths: Iterable[str | os.PathLike], chunk_bytes: int = 4 << 20) -> str:
+    """SHA-256 of the files' bytes, concatenated in the order given (`SourceModel.source_sha256`)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(chunk_bytes):
+                digest.update(block)
+    return digest.hexdigest()

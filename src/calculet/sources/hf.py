@@ -1,18 +1,24 @@
-"""Hugging Face folder source: config.json, *.safetensors (single or sharded), tokenizer files."""
+"""Hugging Face folder source: config.json, *.safetensors (single or sharded), tokenizer files.
+
+Weights are read with `safetensors.safe_open` (memory-mapped; the header is checked against the
+file size when opened), each tensor on access; its errors are re-raised with our codes and the path.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import struct
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, so safe_open reads BF16 tensors)
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from calculet.errors import ModelError
-from calculet.sources.base import LazyTensors, SourceModel
+from calculet.sources.base import LazyTensors, SourceModel, sha256_files
 
-_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None, "F64": np.float64}
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")   # safetensors dtypes read as float32
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -24,57 +30,49 @@ def read_json(path: Path, what: str) -> dict:
         raise ModelError("hf_bad_json", f"{path}: {what} is not valid JSON ({exc})") from None
 
 
-def _safetensors_header(path: Path) -> tuple[dict, int]:
-    """Parse a safetensors header by hand so a truncated or corrupt file gets a clear error."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise ModelError("safetensors_truncated", f"{path}: {size} bytes, too short for a safetensors header (needs >= 8)")
-        (n,) = struct.unpack("<Q", head)
-        if n > size - 8 or n > 100 * 2**20:
-            raise ModelError("safetensors_corrupt", f"{path}: header length {n} exceeds the file size {size} bytes")
-        try:
-            header = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelError("safetensors_corrupt", f"{path}: header is not valid JSON ({exc})") from None
-    header.pop("__metadata__", None)
-    data_start = 8 + n
-    for name, info in header.items():
-        end = info.get("data_offsets", [0, 0])[1]
-        if data_start + end > size:
-            raise ModelError(
-                "safetensors_truncated",
-                f"{path}: tensor {name!r} ends at byte {data_start + end} but the file has {size} bytes (truncated?)",
-            )
-    return header, data_start
+def _safetensors_error(path: Path, exc: Exception) -> ModelError:
+    """Our code and a message naming the file for a `safe_open` failure (its own says only what broke)."""
+    reason = str(exc).removeprefix("Error while deserializing header: ")
+    size = path.stat().st_size if path.exists() else 0
+    if "header too small" in reason:
+        return ModelError("safetensors_truncated", f"{path}: {size} bytes, too short for a safetensors header "
+                                                   f"(needs >= 8; truncated?)")
+    if "not fully covered" in reason:
+        return ModelError("safetensors_truncated", f"{path}: its {size} bytes do not hold exactly the tensor data "
+                                                   f"its header lists (truncated?)")
+    if "invalid header length" in reason:
+        return ModelError("safetensors_corrupt", f"{path}: its header length exceeds the file's {size} bytes "
+                                                 f"(truncated, or not a safetensors file)")
+    if "json" in reason.lower() or "utf" in reason.lower():
+        return ModelError("safetensors_corrupt", f"{path}: header is not valid JSON ({reason})")
+    return ModelError("safetensors_corrupt", f"{path}: not a valid safetensors file ({reason})")
 
 
-def _tensor_loader(path: Path, info: dict, data_start: int):
-    dtype, shape = info["dtype"], tuple(info["shape"])
-    begin, end = info["data_offsets"]
+@contextmanager
+def _opened(path: Path) -> Iterator:
+    """`safe_open` (memory-mapped, header checked against the file size) with our errors."""
+    try:
+        with safe_open(path, framework="numpy") as f:
+            yield f
+    except SafetensorError as exc:
+        raise _safetensors_error(path, exc) from None
 
+
+def _safetensors_table(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{tensor name: (safetensors dtype, shape)} from a file's header; no tensor data is read."""
+    with _opened(path) as f:
+        return {name: (sl.get_dtype(), tuple(sl.get_shape())) for name in f.keys() for sl in (f.get_slice(name),)}
+
+
+def _tensor_loader(path: Path, name: str, dtype: str):
     def load() -> np.ndarray:
-        if dtype == "BF16":
-            raw = np.fromfile(path, dtype=np.uint16, count=(end - begin) // 2, offset=data_start + begin)
-            return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
-        np_dtype = _ST_DTYPES.get(dtype)
-        if np_dtype is None:
-            raise ModelError("safetensors_dtype", f"{path}: tensor dtype {dtype} is not supported (supported: F32, F16, BF16, F64)")
-        count = (end - begin) // np.dtype(np_dtype).itemsize
-        arr = np.fromfile(path, dtype=np_dtype, count=count, offset=data_start + begin)
-        return arr.reshape(shape).astype(np.float32, copy=False)
+        if dtype not in FLOAT_DTYPES:
+            raise ModelError("safetensors_dtype", f"{path}: tensor {name!r} is {dtype}, which is not supported "
+                                                  f"(supported: {', '.join(FLOAT_DTYPES)})")
+        with _opened(path) as f:
+            return f.get_tensor(name).astype(np.float32, copy=False)   # BF16 arrives as ml_dtypes.bfloat16
 
     return load
-
-
-def _sha256_files(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        with p.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 def load_hf_folder(folder: str | Path) -> SourceModel:
@@ -94,10 +92,9 @@ def load_hf_folder(folder: str | Path) -> SourceModel:
     for f in files:
         if not f.exists():
             raise ModelError("hf_missing_file", f"{f}: listed in the safetensors index but missing")
-        header, start = _safetensors_header(f)
-        for name, info in header.items():
-            loaders[name] = _tensor_loader(f, info, start)
-            shapes[name] = tuple(info["shape"])
+        for name, (dtype, shape) in _safetensors_table(f).items():
+            loaders[name] = _tensor_loader(f, name, dtype)
+            shapes[name] = shape
     tok_path = folder / "tokenizer.json"
     if not tok_path.exists():
         raise ModelError("hf_missing_file", f"{tok_path}: tokenizer.json is missing (Calculet needs a fast tokenizer file)")
@@ -113,5 +110,5 @@ def load_hf_folder(folder: str | Path) -> SourceModel:
         tokenizer_json=tok_path.read_text(),
         tokenizer_config=tok_config,
         generation_config=gen_config,
-        source_sha256=_sha256_files(files),
+        source_sha256=sha256_files(files),
     )
