@@ -150,6 +150,7 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: di
         total_seq_len="total_seq_len",
         rope={k: (g.weight(c), g.weight(s)) for k, (c, s) in rope_tables.items()},
         portable=portable,
+        rows=gs.lanes * gs.tokens,
     )
     stream = layers.Stream(decoder.embed(g, spec, "input_ids"))             # [L, S, H]
     for i in range(spec.num_layers):

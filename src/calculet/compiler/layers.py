@@ -165,6 +165,7 @@ class AttentionInputs:
     total_seq_len: str      # int32 scalar: the longest lane's total length
     rope: dict              # layer type ("full"/"sliding") -> (cos name, sin name), each [C, D/2]
     portable: object = None  # attention_portable.PortableContext on the portable target
+    rows: int = 0            # tokens this graph carries (L * S); the MoE block picks its formulation by it
 
 
 def kv_names(layer: int) -> tuple[str, str, str, str]:
