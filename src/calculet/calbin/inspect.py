@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from calculet.calbin import inspect_moe
 from calculet.calbin.gates import ops
 from calculet.calbin.gates.context import inside
 from calculet.calbin.manifest import Manifest, read_manifest
@@ -152,6 +153,7 @@ def _summary(folder: Path, m: Manifest) -> dict:
         "golden": m.golden,
         "toolchain": m.toolchain,
         "passes": list(getattr(m, "passes", [])),
+        "moe": inspect_moe.moe_facts(hp, m.weights, m.quantization),
     }
 
 
