@@ -106,9 +106,9 @@ def test_portable_uses_standard_ops_gather_for_decode_dense_for_prefill(moe_calb
     for g in read_manifest(path).graphs:
         nodes = onnx.load(str(path / g["file"]), load_external_data=False).graph.node
         by_graph[g["name"]] = {n.name.split("/experts/")[1].split("/")[0] for n in nodes if "/moe/experts/" in n.name}
-    # decode_4 and prefill_4 carry 4 tokens: 4 * top-2 <= 8 experts -> gather; prefill_16 -> dense
-    assert "fc1" in by_graph["decode_4"] and "route" not in by_graph["decode_4"]
-    assert "route" in by_graph["prefill_16"]
+    # decode_1: 2 * 1 * top-2 <= 8 experts -> gather; 4 and 16 tokens -> dense (the routing matrix)
+    assert "fc1" in by_graph["decode_1"] and "route" not in by_graph["decode_1"]
+    assert "route" in by_graph["decode_4"] and "route" in by_graph["prefill_16"]
 
 
 @pytest.mark.parametrize("target, policy", [("cpu", p) for p in ("default", "fp16", "int8", "w8a8")]

@@ -22,7 +22,11 @@ Three formulations, chosen by target and weight format:
   matrix R [N, E] (zero off the top k, built with ScatterElements),
       W1 [E, 2I, H] . x^T [H, N] -> [E, 2I, N] -> h [E, I, N];  (W2 . h) [E, H, N] * R^T -> sum over E
   reads each expert once however many tokens there are, so a prefill chunk does not gather
-  N*k copies. `gather` is used while N*k <= E.
+  N*k copies. `gather` is used while 2*N*k <= E: gathering copies the matrices it reads, so it wins
+  only well below E copies (benchmarks/moe.py, hidden 512, 32 experts x 256, top 4, fp32, ms per
+  call: 1 token gather 0.91 / dense 5.4; 8 tokens 8.7 / 6.8; 128 tokens 132 / 48).
+On the default target the contrib kernels beat both (same block: MoE 0.70 / 3.2 / 10.3 ms; QMoE
+int8 0.29 / 0.78 / 5.3 ms), which is why they are the default.
 Standard formulations serve the portable target (fp32, fp16, int8 via blocked DequantizeLinear)
 and fp16 experts on the default target (the contrib kernels take a half-precision router input,
 which would round the router logits before the top-k choice).
@@ -48,7 +52,7 @@ def formulation(g: GraphBuilder, spec: ModelSpec, layer: int, rows: int) -> str:
     _, fc1, _ = weight_names(layer)
     if g.target == "cpu" and not layers.is_half(g, fc1):
         return "contrib"
-    return "gather" if rows * spec.moe.experts_per_token <= spec.moe.num_experts else "dense"
+    return "gather" if 2 * rows * spec.moe.experts_per_token <= spec.moe.num_experts else "dense"
 
 
 def sparse_mlp(g: GraphBuilder, spec: ModelSpec, layer: int, x: str, rows: int, scope: str) -> str:
