@@ -154,3 +154,33 @@ def test_eight_concurrent_sequences_equal_each_alone(target, moe_calbin):
         assert greedy_together(d, prompts, 12) == alone
     finally:
         d.close()
+
+
+@pytest.mark.parametrize("target", ["cpu", "portable"])
+def test_expert_stats_count_the_reference_routing(target, tiny_model_dir, hf_moe, tmp_path):
+    """--expert-stats: bodies output each row's routing mask and the device sums the job's real rows
+    (padding of a prefill chunk and idle decode lanes are not counted); the counts equal the top-k
+    of transformers' own router logits over the same tokens."""
+    import torch
+
+    out = compile_calbin(str(tiny_model_dir("qwen3_moe")), tmp_path / "stats.calbin",
+                         CompileOptions(lanes=4, context=64, prefill_chunks=(4, 16), golden=False, weights="fp32",
+                                        target=target, expert_stats=True), log=lambda _m: None)
+    decode = next(g for g in read_manifest(out).graphs if g["name"] == "decode_4")
+    assert {"name": "expert_mask", "shape": [2, 4, 8], "dtype": "uint8"} in decode["outputs"]
+    d = Device()
+    d.configure(d.load(out))
+    try:
+        assert d.expert_load is None
+        prompt = _prompt(17)                      # one 16-token chunk, then a padded 4-token chunk
+        gen = generate(d, TextTokenizer.from_program(d.program), prompt, SamplingParams(temperature=0.0), 6,
+                       ignore_eos=True)
+        load = d.expert_load
+    finally:
+        d.close()
+    seen = prompt + gen.tokens[:-1]               # the last token is sampled, never run
+    with torch.no_grad():
+        router = hf_moe(torch.tensor([seen]), output_router_logits=True).router_logits   # sparse layers 1, 2
+    want = np.stack([np.bincount(torch.topk(r, 2, dim=-1).indices.flatten().numpy(), minlength=8) for r in router])
+    assert load.shape == (2, 8) and load.sum() == 2 * 2 * len(seen)
+    np.testing.assert_array_equal(load, want)

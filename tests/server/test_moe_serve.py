@@ -1,14 +1,12 @@
-"""`calculet serve` and `calculet run` take a mixture-of-experts calbin like any other: the runtime,
-engine and server need no MoE knowledge (tiny Qwen3-MoE, 8 lanes, default weight policy)."""
+"""`calculet serve` takes a mixture-of-experts calbin like any other: the runtime, engine and server
+need no MoE knowledge (tiny Qwen3-MoE, 8 lanes, default weight policy)."""
 
 from __future__ import annotations
 
 import asyncio
-import re
 
 import pytest
 
-from calculet.cli import main
 
 PROMPTS = ["The quick brown fox", "Paris is the capital of", "def main():", "El rápido zorro marrón",
            "Static graphs run on", "the lazy dog", "東京は日本の首都です。", "return 42"]
@@ -51,9 +49,3 @@ def test_chat_stream_equals_non_stream(server):
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
         model="model", messages=messages, max_tokens=12, temperature=0, stream=True) if c.choices)
     assert streamed == full.choices[0].message.content
-
-
-def test_run_streams_a_moe_calbin(moe_calbin, capsys):
-    assert main(["run", str(moe_calbin), "The quick brown fox", "--max-tokens", "12"]) == 0
-    _, err = capsys.readouterr()
-    assert re.search(r"\[prompt tokens \d+ \| generated \d+ \((stop|length)\)", err), err

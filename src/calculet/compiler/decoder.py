@@ -44,7 +44,7 @@ def _llama_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.
     m, stream = layers.add_norm(g, layers.Stream(stream.x, o), f"{p}.post_attention_layernorm.weight", eps,
                                 f"{s}/post_attention_layernorm")
     if spec.moe is not None and spec.moe.is_sparse(i):   # Qwen3-MoE: routed experts instead
-        return layers.Stream(stream.x, moe.sparse_mlp(g, spec, i, m, ctx.rows, f"{s}/moe"))
+        return layers.Stream(stream.x, moe.sparse_mlp(g, spec, i, m, ctx.rows, f"{s}/moe", ctx.expert_masks))
     return layers.Stream(stream.x, layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp"))
 
 

@@ -166,6 +166,7 @@ class AttentionInputs:
     rope: dict              # layer type ("full"/"sliding") -> (cos name, sin name), each [C, D/2]
     portable: object = None  # attention_portable.PortableContext on the portable target
     rows: int = 0            # tokens this graph carries (L * S); the MoE block picks its formulation by it
+    expert_masks: list | None = None  # --expert-stats: each sparse layer's routing mask [N, E] is appended here
 
 
 def kv_names(layer: int) -> tuple[str, str, str, str]:

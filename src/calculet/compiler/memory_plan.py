@@ -59,4 +59,4 @@ def _nbytes(t: dict) -> int:
     n = 1
     for d in t["shape"]:
         n *= int(d)
-    return n * {"float32": 4, "float16": 2, "int64": 8, "int32": 4}[t["dtype"]]
+    return n * {"float32": 4, "float16": 2, "int64": 8, "int32": 4, "uint8": 1}[t["dtype"]]

@@ -55,13 +55,16 @@ def formulation(g: GraphBuilder, spec: ModelSpec, layer: int, rows: int) -> str:
     return "gather" if 2 * rows * spec.moe.experts_per_token <= spec.moe.num_experts else "dense"
 
 
-def sparse_mlp(g: GraphBuilder, spec: ModelSpec, layer: int, x: str, rows: int, scope: str) -> str:
-    """x [L, S, H] (normed) -> the weighted expert outputs [L, S, H]."""
+def sparse_mlp(g: GraphBuilder, spec: ModelSpec, layer: int, x: str, rows: int, scope: str,
+               expert_masks: list | None = None) -> str:
+    """x [L, S, H] (normed) -> the weighted expert outputs [L, S, H]. With `expert_masks` (the
+    --expert-stats compile flag) this layer's routing mask [1, N, E] is appended to it."""
     router, fc1, fc2 = weight_names(layer)
     h = spec.hidden_size
     flat = g.op("Reshape", [x, g.const([-1, h])], name=f"{scope}/Flatten")                       # [N, H]
     logits = g.op("MatMul", [flat, g.weight(router)], name=f"{scope}/router/MatMul")             # [N, E]
     how = formulation(g, spec, layer, rows)
+    idx = None
     if how == "contrib":
         y = _contrib(g, spec, flat, logits, fc1, fc2, scope)
     else:
@@ -71,8 +74,24 @@ def sparse_mlp(g: GraphBuilder, spec: ModelSpec, layer: int, x: str, rows: int, 
             y = _gathered(g, spec, flat, weights, idx, w1, w2, layers.is_half(g, fc1), scope)
         else:
             y = _dense(g, spec, flat, weights, idx, logits, w1, w2, layers.is_half(g, fc1), scope)
+    if expert_masks is not None:
+        expert_masks.append(_routing_mask(g, spec, logits, idx, f"{scope}/stats"))
     shape = g.op("Shape", [x], name=f"{scope}/Shape")
     return g.op("Reshape", [y, shape], name=f"{scope}/Unflatten")                                # [L, S, H]
+
+
+def _routing_mask(g: GraphBuilder, spec: ModelSpec, logits: str, idx: str | None, scope: str) -> str:
+    """uint8 [1, N, E]: 1 where a token was routed to an expert. The contrib kernels keep their routing
+    inside, so there the top k is taken again from the logits (softmax keeps the order)."""
+    moe = spec.moe
+    if idx is None:
+        _, idx = g.op("TopK", [logits, g.const([moe.experts_per_token])], name=f"{scope}/TopK", n_out=2, axis=-1,
+                      largest=1, sorted=1)
+    hot = g.op("OneHot", [idx, g.const(moe.num_experts), g.const([0, 1], np.float32)], name=f"{scope}/OneHot",
+               axis=-1)                                                                          # [N, k, E]
+    mask = g.op("ReduceSum", [hot, g.const([1])], name=f"{scope}/PerToken", keepdims=0)         # [N, E]
+    mask = g.op("Unsqueeze", [mask, g.const([0])], name=f"{scope}/Layer")                       # [1, N, E]
+    return g.op("Cast", [mask], name=f"{scope}/Cast", to=2)                                      # uint8
 
 
 def routing(g: GraphBuilder, spec: ModelSpec, logits: str, scope: str) -> tuple[str, str]:

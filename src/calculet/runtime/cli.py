@@ -21,6 +21,8 @@ def add_parser(sub) -> None:
     p.add_argument("--lanes", type=int, default=None, help="when compiling a source: lanes (default 8)")
     p.add_argument("--context", type=int, default=None, help="when compiling a source: context (default 1024)")
     p.add_argument("--prefill-chunks", default=None, help="when compiling a source: chunk sizes (default 16,128)")
+    p.add_argument("--expert-stats", action="store_true",
+                   help="mixture-of-experts calbins compiled with --expert-stats: print the tokens routed to each expert")
     p.set_defaults(func=run)
 
 
@@ -65,6 +67,9 @@ def run(args) -> int:
         program = device.load(calbin, full_hash=args.full_hash)
         tokenizer = TextTokenizer.from_program(program)  # before the sessions: keeps its parse out of the peak
         device.configure(program)
+        if args.expert_stats and not any(t.name == "expert_mask" for t in program.decode_graphs[0].outputs):
+            raise RequestError("no_expert_stats", "this calbin has no expert statistics: compile a mixture-of-experts "
+                               "model with `calculet compile ... --expert-stats`")
         prompt_ids = tokenizer.encode_prompt(prompt)
 
         def emit(text: str) -> None:
@@ -72,9 +77,20 @@ def run(args) -> int:
             sys.stdout.flush()
 
         gen = generate(device, tokenizer, prompt_ids, params, args.max_tokens, on_text=emit)
+        load = device.expert_load
     finally:
         device.close()
     sys.stdout.write("\n")
     print(f"[prompt tokens {gen.prompt_tokens} | generated {len(gen.tokens)} ({gen.finish_reason}) | "
           f"TTFT {gen.ttft_s * 1000:.0f} ms | decode {gen.decode_tokens_per_s:.1f} tokens/s]", file=sys.stderr)
+    if args.expert_stats:
+        _print_expert_load(load)
     return 0
+
+
+def _print_expert_load(load) -> None:
+    """One line per sparse layer: tokens routed to each expert, and the busiest expert against the mean."""
+    for i, row in enumerate(load if load is not None else []):
+        mean = row.mean() if row.size else 0.0
+        print(f"[experts, sparse layer #{i}: max/mean {row.max() / mean if mean else 0.0:.2f} | "
+              + " ".join(str(int(c)) for c in row) + "]", file=sys.stderr)
