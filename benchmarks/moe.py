@@ -2,7 +2,8 @@
 
     python benchmarks/moe.py kernels [--hidden 2048 --expert-ffn 768 --experts 128 --top-k 8] [--tokens 1,8,128]
     python benchmarks/moe.py models  [--hidden 512 --layers 4 --experts 32 --top-k 4 --expert-ffn 256] [--steps 30]
-    python benchmarks/moe.py all     (both, default sizes)     add --out FILE.md to keep the tables
+    python benchmarks/moe.py stats   [same options as models]   the cost of --expert-stats
+    python benchmarks/moe.py all     (all three, default sizes)  add --out FILE.md to keep the tables
 
 kernels: one MoE block (router + experts) as compiler/moe.py builds it, on random weights, timed per
 call for each token count (1 and 8: decode steps; 128: a prefill chunk). Variants:
@@ -128,22 +129,26 @@ def _hf_model(folder: Path, moe: bool, hidden: int, layers: int, experts: int, t
     return folder
 
 
-def models(hidden: int, layers: int, experts: int, top_k: int, ffn: int, steps: int) -> list[str]:
+def models(hidden: int, layers: int, experts: int, top_k: int, ffn: int, steps: int, stats: bool = False) -> list[str]:
+    """MoE vs dense; with `stats`, MoE without vs with --expert-stats (the cost of the statistics)."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
     from calculet.runtime.device import Device
     from calculet.runtime.jobs import DecodeJob, PrefillJob
 
-    out = [f"MoE ({experts} experts x FFN {ffn}, top {top_k}) vs dense (FFN {top_k * ffn}), hidden {hidden}, "
-           f"{layers} layers, default policy; median ms per token", "",
+    variants = ((("MoE", True, False), ("MoE + expert stats", True, True)) if stats
+                else (("MoE", True, False), ("dense", False, False)))
+    out = [f"MoE ({experts} experts x FFN {ffn}, top {top_k}) vs "
+           + ("the same with --expert-stats" if stats else f"dense (FFN {top_k * ffn})")
+           + f", hidden {hidden}, {layers} layers, default policy; median ms per token", "",
            "| model | decode 1 lane | decode 8 lanes (per token) | prefill 128 (per token) |", "|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         probes = {}
-        for name, is_moe in (("MoE", True), ("dense", False)):
-            src = _hf_model(Path(tmp) / f"hf-{name}", is_moe, hidden, layers, experts, top_k, ffn)
-            path = compile_calbin(str(src), Path(tmp) / f"{name}.calbin",
-                                  CompileOptions(lanes=8, context=512, prefill_chunks=(16, 128), golden=False),
-                                  log=lambda _m: None)
+        for name, is_moe, with_stats in variants:
+            src = _hf_model(Path(tmp) / f"hf-{is_moe}", is_moe, hidden, layers, experts, top_k, ffn)
+            path = compile_calbin(str(src), Path(tmp) / f"{name.replace(' ', '_')}.calbin",
+                                  CompileOptions(lanes=8, context=512, prefill_chunks=(16, 128), golden=False,
+                                                 expert_stats=with_stats), log=lambda _m: None)
             d = Device()
             d.configure(d.load(path))
             lanes = [d.lanes.allocate() for _ in range(8)]
@@ -170,7 +175,7 @@ def models(hidden: int, layers: int, experts: int, top_k: int, ffn: int, steps: 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=("kernels", "models", "all"))
+    p.add_argument("what", choices=("kernels", "models", "stats", "all"))
     p.add_argument("--hidden", type=int)
     p.add_argument("--experts", type=int)
     p.add_argument("--top-k", type=int)
@@ -186,7 +191,9 @@ def main() -> None:
         lines += kernels(a.hidden or 2048, a.expert_ffn or 768, a.experts or 128, a.top_k or 8,
                          [int(t) for t in a.tokens.split(",")], a.repeats) + [""]
     if a.what in ("models", "all"):
-        lines += models(a.hidden or 512, a.layers, a.experts or 32, a.top_k or 4, a.expert_ffn or 256, a.steps)
+        lines += models(a.hidden or 512, a.layers, a.experts or 32, a.top_k or 4, a.expert_ffn or 256, a.steps) + [""]
+    if a.what in ("stats", "all"):
+        lines += models(a.hidden or 512, a.layers, a.experts or 32, a.top_k or 4, a.expert_ffn or 256, a.steps, stats=True)
     text = "\n".join(lines)
     print(text)
     if a.out:
