@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 VOCAB = 320
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe", "mixtral")
 
 _CORPUS = (
     "The quick brown fox jumps over the lazy dog. Paris is the capital of France. "
@@ -39,7 +39,7 @@ def _tokenizer_json() -> str:
 
 
 def tiny_config(arch: str, **overrides):
-    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+    from transformers import Gemma3TextConfig, LlamaConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig
 
     common = dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -62,6 +62,10 @@ def tiny_config(arch: str, **overrides):
         cfg = Qwen3MoeConfig(**{**common, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
                              num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[0],
                              norm_topk_prob=True)
+    elif arch == "mixtral":  # 8 experts of FFN 32, top 2, every layer sparse
+        cfg = MixtralConfig(**{**common, "intermediate_size": 32,
+                               "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+                            num_local_experts=8, num_experts_per_tok=2)
     else:
         raise ValueError(f"unknown tiny arch {arch!r}; have {ARCHS}")
     for k, v in overrides.items():

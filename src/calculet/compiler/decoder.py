@@ -8,7 +8,8 @@
 Llama family (Llama, Mistral, Qwen2, Qwen3), pre-norm:
     x = x + o_proj(attn(rope(qk_norm?(q_proj(n))), rope(qk_norm?(k_proj(n))), v_proj(n)))   n = norm_in(x)
     x = x + down(silu(gate(m)) * up(m))                                                     m = norm_post(x)
-Qwen3-MoE: the Qwen3 layer, with the routed-expert block (compiler/moe.py) as the MLP of sparse layers.
+Qwen3-MoE and Mixtral: the Qwen3 / Mistral layer, with the routed-expert block (compiler/moe.py) as the
+MLP of sparse layers.
 Gemma 3, four norms per layer ("sandwich"), embeddings scaled by sqrt(hidden), GELU-tanh MLP:
     x = x + post_attn_norm(o_proj(attn(...)))      attn input = input_norm(x)
     x = x + post_ffw_norm(mlp(pre_ffw_norm(x)))
@@ -68,6 +69,7 @@ DECODERS: dict[str, tuple[Embed, Layer]] = {
     "llama": (_plain_embed, _llama_layer),
     "gemma3": (_scaled_embed, _gemma3_layer),
     "qwen3_moe": (_plain_embed, _llama_layer),     # sparse layers' MLP: compiler/moe.py
+    "mixtral": (_plain_embed, _llama_layer),       # every layer sparse
 }
 
 
