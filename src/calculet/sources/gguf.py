@@ -262,6 +262,10 @@ def gguf_config(gf: GgufFile) -> dict:
                        "layer_types": ["full_attention"] * layers}
         if arch == "qwen3moe":
             config |= _qwen3moe_config(gf, layers)
+        if arch == "llama" and "blk.0.ffn_gate_inp.weight" in gf.tensors:  # llama.cpp stores Mixtral as llama
+            config |= {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "sliding_window": None,
+                       "num_local_experts": k("expert_count", kind=int),
+                       "num_experts_per_tok": k("expert_used_count", kind=int)}
         return config
     local_base = float(k("rope.freq_base_swa", default=GEMMA3_LOCAL_ROPE_BASE))
     return config | {
@@ -365,7 +369,8 @@ def hf_name(arch: str, gguf_name: str, layers: int) -> str | None:
 
 
 def _block_table(arch: str) -> dict[str, str]:
-    return {"gemma3": _GEMMA3_BLOCK, "qwen3moe": _QWEN3MOE_BLOCK}.get(arch, _BLOCK)
+    """llama's table has the router too: llama.cpp writes Mixtral as a llama with experts."""
+    return {"gemma3": _GEMMA3_BLOCK, "qwen3moe": _QWEN3MOE_BLOCK, "llama": _QWEN3MOE_BLOCK}.get(arch, _BLOCK)
 
 
 def _expert_stacks(gf: GgufFile, layers: int) -> tuple[dict, dict, set[str]]:
