@@ -71,11 +71,12 @@ def _prompt(n: int) -> list[int]:
     return np.random.default_rng(n).integers(3, 300, size=n).tolist()
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "qwen2_moe"])
 @pytest.mark.parametrize("target", ["cpu", "portable"])
 def test_fp32_greedy_tokens_and_logits_equal_transformers(target, arch, moe_calbin, hf_moe, tiny_model_dir):
     """Mixtral (every layer sparse, experts named block_sparse_moe.experts.{e}.w1/w3/w2, top-k always
-    renormalised) runs through the same block as Qwen3-MoE."""
+    renormalised) and Qwen2-MoE (q/k/v bias, top-k not renormalised, a sigmoid-gated shared expert)
+    run through the same block as Qwen3-MoE."""
     import torch
 
     hf = hf_moe if arch == "qwen3_moe" else _hf(tiny_model_dir(arch))
@@ -121,10 +122,11 @@ def test_portable_uses_standard_ops_gather_for_decode_dense_for_prefill(moe_calb
 
 
 @pytest.mark.parametrize("arch, target, policy", [("qwen3_moe", "cpu", p) for p in ("default", "fp16", "int8", "w8a8")]
-                         + [("qwen3_moe", "portable", "fp16"), ("qwen3_moe", "portable", "int8"), ("mixtral", "cpu", "default")])
+                         + [("qwen3_moe", "portable", "fp16"), ("qwen3_moe", "portable", "int8"), ("mixtral", "cpu", "default"),
+                            ("qwen2_moe", "cpu", "default"), ("qwen2_moe", "portable", "int8")])
 def test_policy_within_golden_bounds(arch, target, policy, moe_calbin):
     path = moe_calbin(target, policy, golden=True, arch=arch)
-    sparse = 2 if arch == "qwen3_moe" else 3
+    sparse = 3 if arch == "mixtral" else 2
     m = read_manifest(path)
     assert m.golden["thresholds"] == golden_thresholds(policy).__dict__
     tensors = m.quantization["tensors"]

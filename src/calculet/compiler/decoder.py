@@ -70,6 +70,7 @@ DECODERS: dict[str, tuple[Embed, Layer]] = {
     "gemma3": (_scaled_embed, _gemma3_layer),
     "qwen3_moe": (_plain_embed, _llama_layer),     # sparse layers' MLP: compiler/moe.py
     "mixtral": (_plain_embed, _llama_layer),       # every layer sparse
+    "qwen2_moe": (_plain_embed, _llama_layer),     # + a shared expert per sparse layer
 }
 
 

@@ -1,4 +1,5 @@
-"""The mixture-of-experts MLP block (Qwen3-MoE): a float32 router picks k of E SwiGLU experts per token.
+"""The mixture-of-experts MLP block (Qwen3-MoE, Mixtral, Qwen2-MoE): a float32 router picks k of E
+SwiGLU experts per token (Qwen2-MoE adds a sigmoid-gated shared expert, built from the dense blocks).
 
     x [L, S, H] ─ flatten ─ [N, H]                                             N = L * S tokens
     router:  logits = x . Wr                      [N, E]   (float32 always: the top-k choice stays exact)
@@ -77,7 +78,19 @@ def sparse_mlp(g: GraphBuilder, spec: ModelSpec, layer: int, x: str, rows: int, 
     if expert_masks is not None:
         expert_masks.append(_routing_mask(g, spec, logits, idx, f"{scope}/stats"))
     shape = g.op("Shape", [x], name=f"{scope}/Shape")
-    return g.op("Reshape", [y, shape], name=f"{scope}/Unflatten")                                # [L, S, H]
+    y = g.op("Reshape", [y, shape], name=f"{scope}/Unflatten")                                   # [L, S, H]
+    if spec.moe.shared_expert_intermediate_size:
+        y = g.op("Add", [y, _shared_expert(g, layer, x, f"{scope}/shared_expert")], name=f"{scope}/AddShared")
+    return y
+
+
+def _shared_expert(g: GraphBuilder, layer: int, x: str, scope: str) -> str:
+    """Qwen2-MoE's always-on expert: sigmoid(x . g) * down(silu(gate(x)) * up(x)), [L, S, H]."""
+    p = f"model.layers.{layer}.mlp"
+    shared = layers.gated_mlp(g, x, f"{p}.shared_expert", "silu", scope)
+    gate = g.op("Sigmoid", [layers.linear(g, x, f"{p}.shared_expert_gate.weight", f"{scope}/gate")],
+                name=f"{scope}/gate/Sigmoid")                                                    # [L, S, 1]
+    return g.op("Mul", [shared, gate], name=f"{scope}/Gated")
 
 
 def _routing_mask(g: GraphBuilder, spec: ModelSpec, logits: str, idx: str | None, scope: str) -> str:
@@ -115,8 +128,12 @@ def _contrib(g: GraphBuilder, spec: ModelSpec, flat: str, logits: str, fc1: str,
                     domain=MS_DOMAIN, **common)
     q2 = g.weights.quant(fc2)
     assert (q2.bits, q2.block) == (q.bits, q.block), "a layer's expert stacks share one format"
+    # Without its router_weights input the CPU QMoE renormalises the top k whatever
+    # normalize_routing_weights says (measured: 0.26 off a numpy reference with the attribute 0);
+    # given the softmax probabilities there, it mixes with them and honours the attribute.
+    probs = g.op("Softmax", [logits], name=f"{scope}/router/Softmax", axis=-1)                  # [N, E]
     return g.op("QMoE", [flat, logits, g.weight(f"{fc1}.qcodes"), g.weight(f"{fc1}.qscales"), "",
-                         g.weight(f"{fc2}.qcodes"), g.weight(f"{fc2}.qscales")],
+                         g.weight(f"{fc2}.qcodes"), g.weight(f"{fc2}.qscales"), "", "", "", "", "", "", "", probs],
                 name=f"{scope}/experts/QMoE", domain=MS_DOMAIN, expert_weight_bits=q.bits, block_size=q.block,
                 weights_prepacked=0, accuracy_level=q.accuracy_level, **common)
 

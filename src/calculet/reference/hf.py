@@ -22,7 +22,7 @@ from calculet.reference.experts import stacked_view
 from calculet.reference.metrics import topk_of
 from calculet.sources.base import SourceModel
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral", "qwen2_moe")
 _LEGACY_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_local_base_freq")
 # Keys of config.json that describe the checkpoint file, not the model; passing them on would make
 # transformers quantize, run remote code or pick a dtype for us.
