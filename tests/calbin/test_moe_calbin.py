@@ -75,30 +75,3 @@ def test_inspect_counts_parameters_and_the_active_share(moe):
     assert facts["active_parameters_per_token"] == total - experts + experts * K // E
     text = render_text(inspect_calbin(moe))
     assert f"moe: {E} experts, top {K} (renormalised)" in text and ("QMoE" in text or " MoE " in text)
-
-
-def test_plan_parameters_per_module_equal_the_compiled_calbin(tiny_model_dir, tiny_calbin, tmp_path):
-    """`calculet plan` counts what `compile` builds: params and fp32 bytes per module class.
-    (The planner reads `num_experts`; transformers 5's save_pretrained writes `num_local_experts`,
-    which models/qwen3_moe.py accepts, so the config here carries both.)"""
-    from calculet.calbin.inspect_moe import parameter_counts
-    from calculet.calbin.manifest import read_manifest
-    from calculet.calbin.plan import PlanRequest, plan_capacity
-    from calculet.calbin.plan_source import load_hparams
-
-    config = json.loads((tiny_model_dir("qwen3_moe") / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, "num_experts": config["num_local_experts"]}))
-    plan = plan_capacity(load_hparams(str(tmp_path / "config.json")),
-                         PlanRequest(lanes=4, context=64, device_memory_bytes=1 << 30, chips=1, kv_dtype="fp32",
-                                     weights="fp32"))
-    m = read_manifest(tiny_calbin("qwen3_moe"))
-    counts = parameter_counts(m.weights, m.quantization)
-    nbytes = {}
-    for t in m.weights["tensors"]:
-        record = m.quantization["tensors"].get(t["name"])
-        if record:
-            nbytes[record["module"]] = nbytes.get(record["module"], 0) + t["nbytes"]
-    assert {r.module: r.params for r in plan.params.rows} == counts
-    assert {r.module: r.bytes_per_chip for r in plan.params.rows} == nbytes
-    assert plan.params.active_params_per_token == inspect_calbin(tiny_calbin("qwen3_moe")).summary["moe"][
-        "active_parameters_per_token"]

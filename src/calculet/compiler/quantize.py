@@ -99,7 +99,7 @@ def module_class(name: str) -> str:
         return "attention"
     if ".mlp.experts." in name:
         return "experts"
-    if name.endswith(".mlp.gate.weight"):
+    if name.endswith((".mlp.gate.weight", ".mlp.shared_expert_gate.weight")):
         return "router"
     if ".mlp." in name and name.endswith("_proj.weight"):
         return "mlp"

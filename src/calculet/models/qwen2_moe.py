@@ -15,15 +15,16 @@ from typing import Iterator
 import numpy as np
 
 from calculet.models import llama, qwen3_moe
-from calculet.models.base import ModelSpec, get_tensor, layer_projection_weights, linear_weight, require
+from calculet.models.base import ModelSpec, get_tensor, layer_projection_weights, linear_weight, require_positive
 
 MODEL_TYPES = ("qwen2_moe",)
+LAYER_NORMS = llama.LAYER_NORMS
 
 
 def parse_config(config: dict) -> ModelSpec:
     dense = llama.parse_config({**config, "model_type": "qwen2"})
     moe = replace(qwen3_moe.moe_spec(config, dense.num_layers),
-                  shared_expert_intermediate_size=int(require(config, "shared_expert_intermediate_size")))
+                  shared_expert_intermediate_size=require_positive(config, "shared_expert_intermediate_size"))
     return replace(dense, family="qwen2_moe", model_type="qwen2_moe", qkv_bias=bool(config.get("qkv_bias", True)),
                    moe=moe)
 
