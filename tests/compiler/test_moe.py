@@ -130,7 +130,8 @@ def test_policy_within_golden_bounds(arch, target, policy, moe_calbin):
     m = read_manifest(path)
     assert m.golden["thresholds"] == golden_thresholds(policy).__dict__
     tensors = m.quantization["tensors"]
-    routers = [r for r in tensors.values() if r["module"] == "router"]
+    routers = [r for name, r in tensors.items() if name.endswith(".mlp.gate.weight")]
+    assert all(r["module"] == "router" for r in routers)
     experts = [r for r in tensors.values() if r["module"] == "experts"]
     assert len(routers) == sparse and all(r["kind"] == "fp32" for r in routers), "the router stays float32"
     assert len(experts) == 2 * sparse and {r["kind"] for r in experts} == {m.quantization["table"]["mlp"]["kind"]}
