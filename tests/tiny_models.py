@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 VOCAB = 320
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe", "mixtral", "qwen2_moe")
 
 _CORPUS = (
     "The quick brown fox jumps over the lazy dog. Paris is the capital of France. "
@@ -39,7 +39,8 @@ def _tokenizer_json() -> str:
 
 
 def tiny_config(arch: str, **overrides):
-    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import (Gemma3TextConfig, LlamaConfig, MixtralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config,
+                              Qwen3MoeConfig)
 
     common = dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -57,6 +58,19 @@ def tiny_config(arch: str, **overrides):
             **common, sliding_window=8, query_pre_attn_scalar=16,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         )
+    elif arch == "qwen3_moe":
+        # 8 experts, top 2, expert FFN 32; layer 0 stays dense (mlp_only_layers), layers 1 and 2 are sparse
+        cfg = Qwen3MoeConfig(**{**common, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+                             num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, mlp_only_layers=[0],
+                             norm_topk_prob=True)
+    elif arch == "mixtral":  # 8 experts of FFN 32, top 2, every layer sparse
+        cfg = MixtralConfig(**{**common, "intermediate_size": 32,
+                               "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+                            num_local_experts=8, num_experts_per_tok=2)
+    elif arch == "qwen2_moe":  # 8 experts of FFN 32, top 2, a shared expert of 64; layer 0 dense
+        cfg = Qwen2MoeConfig(**{**common, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+                             num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=64, mlp_only_layers=[0])
     else:
         raise ValueError(f"unknown tiny arch {arch!r}; have {ARCHS}")
     for k, v in overrides.items():

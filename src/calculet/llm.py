@@ -113,6 +113,17 @@ class LLM:
     def lanes(self) -> int:
         return self._device.lanes.count
 
+    @property
+    def has_expert_stats(self) -> bool:
+        """True for a mixture-of-experts calbin compiled with --expert-stats."""
+        return any(t.name == "expert_mask" for g in self._device.program.decode_graphs for t in g.outputs)
+
+    @property
+    def expert_load(self):
+        """Tokens routed to each expert since the model was loaded, int64 [sparse layers, experts]
+        (None unless `has_expert_stats`)."""
+        return self._device.expert_load
+
     def encode(self, prompt: Prompt) -> tuple[int, ...]:
         if isinstance(prompt, str):
             return tuple(self.tokenizer.encode_prompt(prompt))

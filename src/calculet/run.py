@@ -35,6 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--lanes", type=int, default=None, help="when compiling a source: lanes (default 8)")
     p.add_argument("--context", type=int, default=None, help="when compiling a source: context (default 1024)")
     p.add_argument("--prefill-chunks", default=None, help="when compiling a source: chunk sizes (default 16,128)")
+    p.add_argument("--expert-stats", action="store_true",
+                   help="mixture-of-experts calbins compiled with --expert-stats: print the tokens routed to each expert")
     p.set_defaults(func=run)
 
 
@@ -65,6 +67,9 @@ def run(args) -> int:
     with LLM(model, log_fn=log, threads=args.threads, provider=args.provider,
              provider_options=parse_provider_options(args.provider_option), full_hash=args.full_hash, lanes=args.lanes,
              context=args.context, prefill_chunks=chunks) as llm:
+        if args.expert_stats and not llm.has_expert_stats:
+            raise RequestError("no_expert_stats", "this calbin has no expert statistics: compile a mixture-of-experts "
+                               "model with `calculet compile ... --expert-stats`")
         prompt_ids = llm.encode(prompt)
         room = max(llm.context - len(prompt_ids), 1)   # the engine says so if the prompt leaves none
         max_tokens = min(args.max_tokens, room)        # cut to the context, as before; min_tokens with it
@@ -80,10 +85,21 @@ def run(args) -> int:
                 sys.stdout.write(delta.text)
                 sys.stdout.flush()
         out = stream.output
+        load = llm.expert_load
     sys.stdout.write("\n")
     gen, t = out.outputs[0], out.timings
     decoded = len(gen.token_ids) - 1
     rate = decoded / t.decode_s if decoded > 0 and t.decode_s > 0 else 0.0
     print(f"[prompt tokens {out.usage.prompt_tokens} | generated {len(gen.token_ids)} ({gen.finish_reason}) | "
           f"TTFT {t.ttft_s * 1000:.0f} ms | decode {rate:.1f} tokens/s]", file=sys.stderr)
+    if args.expert_stats:
+        _print_expert_load(load)
     return 0
+
+
+def _print_expert_load(load) -> None:
+    """One line per sparse layer: tokens routed to each expert, and the busiest expert against the mean."""
+    for i, row in enumerate(load if load is not None else []):
+        mean = row.mean() if row.size else 0.0
+        print(f"[experts, sparse layer #{i}: max/mean {row.max() / mean if mean else 0.0:.2f} | "
+              + " ".join(str(int(c)) for c in row) + "]", file=sys.stderr)

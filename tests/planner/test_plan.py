@@ -70,7 +70,7 @@ def test_qwen3_moe_fixture_reads_through_models_as_published(qwen3_moe):
     assert (hp.moe.num_experts, hp.moe.experts_per_token, hp.moe.expert_intermediate_size) == (128, 8, 768)
     assert hp.moe.sparse_layers == tuple(range(48))
     assert hp.vocab_size == 151936 and not hp.tie_word_embeddings and hp.qk_norm
-    assert not qwen3_moe.buildable  # models/ describes it; compiler/decoder.py cannot build it yet
+    assert qwen3_moe.buildable and not qwen3_moe.note  # compiler/decoder.py builds it
 
 
 def test_qwen3_moe_bf16_kv_at_40960_is_3_75_gib_and_1_875_per_chip_on_two(qwen3_moe):
@@ -192,19 +192,28 @@ def test_parameter_counts_match_published(config, total, active):
     assert p.active_params_per_token == (active or total)
 
 
-def test_mixtral_is_planned_with_a_note_that_compile_cannot_build_it(capsys, tmp_path):
-    """models/mixtral.py describes Mixtral; compiler/decoder.py has no decoder for it, and the plan
-    says so instead of planning it silently."""
+def test_mixtral_is_planned_as_a_buildable_family():
     model = model_from_config(MIXTRAL_8X7B)
-    assert not model.buildable and model.spec.moe.sparse_layers == tuple(range(32))
+    assert model.buildable and model.spec.moe.sparse_layers == tuple(range(32))
     assert model.spec.moe.norm_topk_prob and model.spec.moe.expert_intermediate_size == 14336
+    rep = plan_capacity(model, _request(context=4096, device_memory_bytes=128 * GiB))
+    assert not any("capacity estimate only" in w for w in rep.warnings)
+
+
+def test_a_family_the_compiler_cannot_build_is_planned_with_a_note(capsys, tmp_path, monkeypatch):
+    """A family models/ describes but compiler/decoder.py has no decoder for (every family builds
+    today, so Mixtral's decoder is taken away here) is planned with a note, not silently."""
+    from calculet.compiler import decoder
+
+    monkeypatch.delitem(decoder.DECODERS, "mixtral")
+    model = model_from_config(MIXTRAL_8X7B)
+    assert not model.buildable
     rep = plan_capacity(model, _request(context=4096, device_memory_bytes=128 * GiB))
     note = "the compiler cannot build mixtral yet; this is a capacity estimate only"
     assert any(note in w for w in rep.warnings)
     (tmp_path / "config.json").write_text(json.dumps(MIXTRAL_8X7B))
     rc, out, _ = _cli(capsys, tmp_path, "--context", 4096, "--device-memory", "128GiB")
     assert f"NOTE: {note}" in out
-    from calculet.compiler import decoder
     with pytest.raises(ModelError, match="cannot build the 'mixtral' family"):
         decoder.require_buildable(model.spec)
 

@@ -54,7 +54,9 @@ def _plan(capsys, source, *argv) -> dict:
 
 
 @pytest.mark.parametrize("arch, policy", [*(("llama", p) for p in POLICIES), *(("gemma3", p) for p in POLICIES),
-                                          ("qwen2", "default")])  # llama untied, gemma3 tied, qwen2 biases
+                                          ("qwen2", "default"),  # llama untied, gemma3 tied, qwen2 biases
+                                          *(("qwen3_moe", p) for p in POLICIES),  # expert stacks, fp32 router
+                                          ("mixtral", "default"), ("qwen2_moe", "default")])  # shared expert
 def test_plan_bytes_per_module_equal_the_compiled_manifest(arch, policy, tiny_calbin, tiny_model_dir, capsys):
     manifest = read_manifest(tiny_calbin(arch, lanes=LANES, context=CONTEXT, weights=policy))
     plan = _plan(capsys, tiny_model_dir(arch), "--weights", policy)

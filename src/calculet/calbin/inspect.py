@@ -14,6 +14,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from calculet.calbin import inspect_moe
 from calculet.calbin.gates import ops
 from calculet.calbin.gates.context import inside
 from calculet.calbin.graphspec import GraphSpec
@@ -102,6 +103,7 @@ def _summary(folder: Path, m: Manifest) -> dict:
         "golden": None if m.golden is None else asdict(m.golden),
         "toolchain": asdict(m.toolchain),
         "passes": list(m.passes),
+        "moe": inspect_moe.moe_facts(m.model.hyperparameters, m.weights, m.quantization),
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from calculet.calbin import inspect_moe
 from calculet.calbin.inspect import GraphSummary, InspectReport
 
 TOP_FAMILIES = 12  # shape families shown per graph in text (JSON has them all)
@@ -45,6 +46,7 @@ def render_text(report: InspectReport) -> str:
         f"  golden: {s['golden'] if s['golden'] else 'none'}",
         f"  passes: {', '.join(s['passes']) or 'none'}",
         "  toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
+        *inspect_moe.render(s.get("moe")),
     ]
     for g in report.graphs:
         out += [""] + _graph(g)

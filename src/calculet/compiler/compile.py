@@ -96,7 +96,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
 
     in_place = options.target == "cpu"  # standard ONNX cannot update an input in place
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
-                                options.decode_lanes, options.sampling_head_k, in_place)
+                                options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats)
     for gs in signatures:
         onnx.save_model(G.build_graph(spec, gs, weights, rope, options.target, options.fusions),
                         str(folder / gs.file))

@@ -8,6 +8,8 @@
 Llama family (Llama, Mistral, Qwen2, Qwen3), pre-norm:
     x = x + o_proj(attn(rope(qk_norm?(q_proj(n))), rope(qk_norm?(k_proj(n))), v_proj(n)))   n = norm_in(x)
     x = x + down(silu(gate(m)) * up(m))                                                     m = norm_post(x)
+Qwen3-MoE and Mixtral: the Qwen3 / Mistral layer, with the routed-expert block (compiler/moe.py) as the
+MLP of sparse layers.
 Gemma 3, four norms per layer ("sandwich"), embeddings scaled by sqrt(hidden), GELU-tanh MLP:
     x = x + post_attn_norm(o_proj(attn(...)))      attn input = input_norm(x)
     x = x + post_ffw_norm(mlp(pre_ffw_norm(x)))
@@ -20,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from calculet.compiler import layers
+from calculet.compiler import layers, moe
 from calculet.errors import ModelError
 from calculet.models.base import ModelSpec
 
@@ -42,6 +44,8 @@ def _llama_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.
     o = layers.self_attention(g, spec, i, n, ctx)
     m, stream = layers.add_norm(g, layers.Stream(stream.x, o), f"{p}.post_attention_layernorm.weight", eps,
                                 f"{s}/post_attention_layernorm")
+    if spec.moe is not None and spec.moe.is_sparse(i):   # Qwen3-MoE: routed experts instead
+        return layers.Stream(stream.x, moe.sparse_mlp(g, spec, i, m, ctx.rows, f"{s}/moe", ctx.expert_masks))
     return layers.Stream(stream.x, layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp"))
 
 
@@ -64,6 +68,9 @@ Layer = Callable[..., layers.Stream]
 DECODERS: dict[str, tuple[Embed, Layer]] = {
     "llama": (_plain_embed, _llama_layer),
     "gemma3": (_scaled_embed, _gemma3_layer),
+    "qwen3_moe": (_plain_embed, _llama_layer),     # sparse layers' MLP: compiler/moe.py
+    "mixtral": (_plain_embed, _llama_layer),       # every layer sparse
+    "qwen2_moe": (_plain_embed, _llama_layer),     # + a shared expert per sparse layer
 }
 
 

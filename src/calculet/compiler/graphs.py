@@ -30,7 +30,7 @@ from calculet.models.base import ModelSpec, lm_head_name
 
 
 def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, context: int,
-                    in_place: bool = True) -> GraphSpec:
+                    in_place: bool = True, expert_stats: bool = False) -> GraphSpec:
     kv_shape = (lanes, spec.num_kv_heads, context, spec.head_dim)
     inputs = [
         TensorSpec("input_ids", (lanes, tokens), "int64"),
@@ -49,6 +49,8 @@ def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: i
     if not in_place:  # portable: this step's K/V come back for the runtime to write
         new_shape = (spec.num_layers, lanes, spec.num_kv_heads, tokens, spec.head_dim)
         outputs += [TensorSpec("new_keys", new_shape, "float32"), TensorSpec("new_values", new_shape, "float32")]
+    if expert_stats and spec.moe is not None:  # 1 where a row was routed to an expert, per sparse layer
+        outputs.append(TensorSpec("expert_mask", (len(spec.moe.sparse_layers), lanes * tokens, spec.moe.num_experts), "uint8"))
     return GraphSpec(name, kind, lanes, tokens, tuple(inputs), tuple(outputs))
 
 
@@ -61,10 +63,12 @@ def _head_signature(spec: ModelSpec, rows: int, topk: int) -> GraphSpec:
 
 
 def entry_points(spec: ModelSpec, lanes: int, context: int, prefill_chunks: tuple[int, ...],
-                 decode_lanes: tuple[int, ...] = (), topk: int = 0, in_place: bool = True) -> list[GraphSpec]:
+                 decode_lanes: tuple[int, ...] = (), topk: int = 0, in_place: bool = True,
+                 expert_stats: bool = False) -> list[GraphSpec]:
     decode_sizes = sorted(set(decode_lanes) | {lanes})
-    graphs = [_body_signature(spec, f"prefill_{s}", PREFILL, 1, s, context, in_place) for s in sorted(prefill_chunks)]
-    graphs += [_body_signature(spec, f"decode_{n}", DECODE, n, 1, context, in_place) for n in decode_sizes]
+    graphs = [_body_signature(spec, f"prefill_{s}", PREFILL, 1, s, context, in_place, expert_stats)
+              for s in sorted(prefill_chunks)]
+    graphs += [_body_signature(spec, f"decode_{n}", DECODE, n, 1, context, in_place, expert_stats) for n in decode_sizes]
     graphs += [_head_signature(spec, n, topk) for n in sorted(set(decode_sizes) | {1})]
     return graphs
 
@@ -108,6 +112,8 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: di
         total_seq_len="total_seq_len",
         rope={k: (g.weight(c), g.weight(s)) for k, (c, s) in rope_tables.items()},
         portable=portable,
+        rows=gs.lanes * gs.tokens,
+        expert_masks=[] if any(t.name == "expert_mask" for t in gs.outputs) else None,
     )
     stream = layers.Stream(decoder.embed(g, spec, "input_ids"))             # [L, S, H]
     for i in range(spec.num_layers):
@@ -119,6 +125,8 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: di
     out = {"hidden": g.op("Reshape", [x, g.const([gs.lanes, spec.hidden_size])], name="/model/flatten/Reshape")}
     if portable is not None:
         out["new_keys"], out["new_values"] = attention_portable.stack_new_kv(g, portable)
+    if ctx.expert_masks is not None:
+        out["expert_mask"] = g.op("Concat", ctx.expert_masks, name="/model/expert_mask/Concat", axis=0)  # [layers, N, E]
     return out
 
 

@@ -166,6 +166,8 @@ class AttentionInputs:
     total_seq_len: str      # int32 scalar: the longest lane's total length
     rope: dict              # layer type ("full"/"sliding") -> (cos name, sin name), each [C, D/2]
     portable: object = None  # attention_portable.PortableContext on the portable target
+    rows: int = 0            # tokens this graph carries (L * S); the MoE block picks its formulation by it
+    expert_masks: list | None = None  # --expert-stats: each sparse layer's routing mask [N, E] is appended here
 
 
 def self_attention(g: GraphBuilder, spec, layer: int, x: str, ctx: AttentionInputs) -> str:

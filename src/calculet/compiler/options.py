@@ -33,6 +33,7 @@ class CompileOptions:
     golden_tokens: int = 32
     decode_lanes: tuple[int, ...] = (1,)     # extra decode batch sizes besides `lanes`
     fusions: frozenset[str] = frozenset(FUSIONS)
+    expert_stats: bool = False   # MoE: bodies also output each row's routed experts (`expert_mask`)
 
     def cache_key(self) -> str:
         """Stable across processes (a frozenset's repr order is not)."""

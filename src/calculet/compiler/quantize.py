@@ -67,6 +67,12 @@ def policy_table(name: str, block: int = 32) -> dict[str, QuantFormat]:
         # Default: embeddings share the lm_head's int8 codes; projections int8 with int8 compute; norms fp32.
         "default": {"attention": w8a8, "mlp": w8a8, "lm_head": w8a8, "embedding": w8a8},
     }
+    for table in tables.values():  # mixture-of-experts layers (compiler/moe.py)
+        table["router"] = FP32                                   # top-k choices stay exact
+        if "mlp" in table:
+            table["experts"] = table["mlp"]
+    # ONNX Runtime's QMoE has no fp32-activation kernel for 8-bit blocks: say what it computes
+    tables["int8"]["experts"] = w8a8
     if name not in tables:
         raise RequestError("bad_option", f"--weights {name!r} is not supported; supported: {', '.join(WEIGHT_POLICIES)}")
     return tables[name]
@@ -82,6 +88,10 @@ def module_class(name: str) -> str:
         return "lm_head"
     if ".self_attn." in name and name.endswith("_proj.weight"):
         return "attention"
+    if ".mlp.experts." in name:
+        return "experts"
+    if name.endswith((".mlp.gate.weight", ".mlp.shared_expert_gate.weight")):
+        return "router"
     if ".mlp." in name and name.endswith("_proj.weight"):
         return "mlp"
     if "norm" in name:
@@ -211,6 +221,17 @@ def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, p
         record[name] = {**fmt.to_json(), "module": module_class(name), "exact_blocks": round(q.exact_fraction, 4),
                         "max_abs_error": q.max_abs_error}
 
+    def put_expert_stack(name: str, w_enk: np.ndarray, fmt: QuantFormat) -> None:
+        """[E, N, K] -> codes [E, N, K*bits/8], scales [E, N, K/block]: each expert's rows as
+        MatMulNBits would store them, which is QMoE's raw layout too. One block size for every
+        expert stack (QMoE takes a single block_size for both of a layer's stacks)."""
+        e, n, k = w_enk.shape
+        q = quantize(w_enk.reshape(e * n, k), fmt)
+        store.add_quantized(name, QuantInfo(fmt.bits, fmt.block, n, k, fmt.accuracy_level),
+                            q.codes.reshape(e, n, -1), q.scales.reshape(e, n, -1))
+        record[name] = {**fmt.to_json(), "module": "experts", "exact_blocks": round(q.exact_fraction, 4),
+                        "max_abs_error": q.max_abs_error}
+
     for name, array in _packed(family.prepare_weights(spec, tensors), fusions):
         cls = module_class(name)
         fmt = table.get(cls, FP32)
@@ -234,6 +255,8 @@ def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, p
             put_quantized(name, array, fmt)                      # [V, H] is already [N, K]
         elif cls in ("attention", "mlp") and fmt.kind != "fp32":
             put_quantized(name, np.ascontiguousarray(array.T), fmt)
+        elif cls == "experts" and fmt.kind != "fp32":
+            put_expert_stack(name, array, fmt)
         else:
             store.add(name, array)
             record[name] = {**FP32.to_json(), "module": cls}

@@ -5,7 +5,7 @@
 The rules are `quantize.store_weights`'s, as shapes and formats instead of arrays, so `calculet plan`
 reports what `compile` writes and `compile` checks what it wrote against this list (`check_stored`):
 - attention / mlp / lm_head / embedding follow `policy_table`; norms, biases and the MoE router stay
-  fp32; routed experts take the `mlp` format;
+  fp32; routed experts (two stacks per sparse layer, compiler/moe.py) take the `experts` format;
 - int8/int4 weights store codes (N·K·bits/8 bytes) and one float32 scale per block of K;
 - a tied, quantized embedding stores its codes once (the lm_head reads the same bytes); a tied fp32
   embedding with a quantized lm_head gets a quantized lm_head copy;
@@ -166,7 +166,7 @@ def _parameters(spec: ModelSpec, table: dict[str, QuantFormat], fusions: frozens
             for which in ("q_norm", "k_norm"):
                 yield StoredTensor(f"{p}.self_attn.{which}.weight", "norm", (hd,), FP32)
         if spec.moe and spec.moe.is_sparse(i):
-            yield from _expert_block(spec, p, fmt("mlp"))
+            yield from _expert_block(spec, p, fmt("experts"), fmt("mlp"))
         else:
             yield from _gated_mlp(f"{p}.mlp", "mlp", spec.intermediate_size, h, fmt("mlp"), fusions)
     yield StoredTensor("model.norm.weight", "norm", (h,), FP32)
@@ -184,15 +184,19 @@ def _gated_mlp(prefix: str, module: str, f: int, h: int, fmt: QuantFormat, fusio
     yield StoredTensor(f"{prefix}.down_proj.weight", module, (h, f), fmt, split=rows)
 
 
-def _expert_block(spec: ModelSpec, p: str, fmt: QuantFormat):
-    """Router [E, H] in fp32 and E SwiGLU experts in the mlp format. The names follow Hugging Face's
-    Qwen3-MoE; the MoE compiler may pick others, and `check_stored` will say so."""
+def _expert_block(spec: ModelSpec, p: str, fmt: QuantFormat, mlp: QuantFormat):
+    """compiler/moe.py's tensors (models/qwen3_moe.py lays them out): the router in fp32, then two
+    expert stacks in the experts format, gate/up [E, 2I, H] (each expert's gate and up rows
+    interleaved) and down [E, H, I], quantized row by row like [E*2I, H] and [E*H, I] matrices;
+    Qwen2-MoE's shared expert is a dense MLP in the mlp format with an fp32 [H -> 1] gate."""
     moe, h = spec.moe, spec.hidden_size
-    yield StoredTensor(f"{p}.mlp.gate.weight", "router", (moe.num_experts, h), FP32)
-    for e in range(moe.num_experts):
-        yield from _gated_mlp(f"{p}.mlp.experts.{e}", "experts", moe.expert_intermediate_size, h, fmt)
+    e, f = moe.num_experts, moe.expert_intermediate_size
+    yield StoredTensor(f"{p}.mlp.gate.weight", "router", (e, h), FP32)
+    yield StoredTensor(f"{p}.mlp.experts.gate_up_proj.weight", "experts", (e * 2 * f, h), fmt,
+                       split=Split(0, (("ffn", f),) * (2 * e)))
+    yield StoredTensor(f"{p}.mlp.experts.down_proj.weight", "experts", (e * h, f), fmt, split=Split(1, (("ffn", f),)))
     if moe.shared_expert_intermediate_size:
-        yield from _gated_mlp(f"{p}.mlp.shared_expert", "mlp", moe.shared_expert_intermediate_size, h, fmt)
+        yield from _gated_mlp(f"{p}.mlp.shared_expert", "mlp", moe.shared_expert_intermediate_size, h, mlp)
         yield StoredTensor(f"{p}.mlp.shared_expert_gate.weight", "router", (1, h), FP32)
 
 

@@ -181,10 +181,11 @@ def linear_weight(tensors, name: str) -> np.ndarray:
     return np.ascontiguousarray(get_tensor(tensors, name).T, dtype=np.float32)
 
 
-def layer_projection_weights(spec: "ModelSpec", tensors, prefix: str, norm=None):
+def layer_projection_weights(spec: "ModelSpec", tensors, prefix: str, norm=None, mlp: bool = True):
     """One layer's attention and MLP initializers, shared by the families: q/k/v/o and gate/up/down
     as [in, out], q/k/v biases when the spec has them, and q/k norms (through `norm`, which applies a
-    family's weight convention) when it has those."""
+    family's weight convention) when it has those. `mlp=False` leaves the dense MLP out (a
+    mixture-of-experts layer brings its own)."""
     norm = norm or get_tensor
     for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
         yield f"{prefix}.self_attn.{proj}.weight", linear_weight(tensors, f"{prefix}.self_attn.{proj}.weight")
@@ -194,6 +195,8 @@ def layer_projection_weights(spec: "ModelSpec", tensors, prefix: str, norm=None)
     if spec.qk_norm:
         for which in ("q_norm", "k_norm"):
             yield f"{prefix}.self_attn.{which}.weight", norm(tensors, f"{prefix}.self_attn.{which}.weight")
+    if not mlp:
+        return
     for proj in ("gate_proj", "up_proj", "down_proj"):
         yield f"{prefix}.mlp.{proj}.weight", linear_weight(tensors, f"{prefix}.mlp.{proj}.weight")
 

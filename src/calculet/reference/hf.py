@@ -12,15 +12,17 @@ compiler actually read, not against a second copy of the checkpoint.
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from calculet.errors import ModelError, RequestError
+from calculet.reference.experts import stacked_view
 from calculet.reference.metrics import topk_of
 from calculet.sources.base import SourceModel
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "qwen3_moe", "mixtral", "qwen2_moe")
 _LEGACY_ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_local_base_freq")
 # Keys of config.json that describe the checkpoint file, not the model; passing them on would make
 # transformers quantize, run remote code or pick a dtype for us.
@@ -152,6 +154,9 @@ def build_reference_model(source: SourceModel):
         raise ModelError("reference_config", f"{source.path}: config has neither rope_parameters nor rope_theta")
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
     state = model.state_dict()
+    view = stacked_view(source.tensors, set(state))   # per-expert tensors -> transformers' stacked experts
+    if view is not None:
+        source = replace(source, tensors=view)
     _copy_tensors(torch, state, source, _plan_load(state, source))
     model.eval()
     model.requires_grad_(False)

@@ -78,6 +78,10 @@ class BodyBinding(_Bound):
                 self.new_kv[name] = np.zeros(outputs[name].shape, np.float32)
                 self._bind_out(name, self.new_kv[name])
         self._bind_out("hidden", head.hidden)
+        self.expert_mask = None  # MoE calbins compiled with --expert-stats: [sparse layers, rows, experts]
+        if "expert_mask" in outputs:
+            self.expert_mask = np.zeros(outputs["expert_mask"].shape, np.uint8)
+            self._bind_out("expert_mask", self.expert_mask)
 
     def run(self, head: bool = True) -> None:
         super().run()

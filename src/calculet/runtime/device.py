@@ -44,6 +44,7 @@ class Device:
         self._queue: queue.Queue[JobHandle | None] = queue.Queue()
         self._ids = itertools.count()
         self._worker: threading.Thread | None = None
+        self.expert_load: np.ndarray | None = None  # --expert-stats calbins: tokens per [sparse layer, expert]
         self.healthy = False
 
     # --- set-up --------------------------------------------------------------------------
@@ -59,6 +60,7 @@ class Device:
             self._worker = threading.Thread(target=self._loop, name="calculet-device", daemon=True)
             self._worker.start()
         self._warm_up()
+        self.expert_load = None  # the warm-up's routing is not load
         self.healthy = True
 
     def _warm_up(self) -> None:
@@ -172,6 +174,7 @@ class Device:
         b.run(head=job.want_logits)
         if not b.in_place:
             lanes.write_new([job.lane], [start], [n], b.new_kv["new_keys"], b.new_kv["new_values"])
+        self._count_experts(b, slice(0, n))
         t2 = time.perf_counter()
         if job.want_logits:
             result = self._fetch(b.head, [0], job.full_logits, queued, t1 - t0, t2 - t1, t2, f"prefill_{size}", size)
@@ -203,11 +206,20 @@ class Device:
         if not b.in_place:
             lanes.write_new(rows, [lanes.length(lane) for lane in rows], [1] * len(rows),
                             b.new_kv["new_keys"][:, rows], b.new_kv["new_values"][:, rows])
+        self._count_experts(b, rows)
         t2 = time.perf_counter()
         result = self._fetch(b.head, rows, full_logits, queued, t1 - t0, t2 - t1, t2, graph.name, graph.lanes)
         for lane in job_lanes:
             lanes.advance(lane, 1)
         return result
+
+    def _count_experts(self, b, rows) -> None:
+        """Tokens routed to each expert, summed over this job's real rows (calbins compiled with
+        --expert-stats only): `expert_load` [sparse layers, experts] accumulates since configure()."""
+        if b.expert_mask is None:
+            return
+        counts = b.expert_mask[:, rows].sum(axis=1, dtype=np.int64)
+        self.expert_load = counts if self.expert_load is None else self.expert_load + counts
 
     def _fetch(self, head: HeadBinding, rows: list[int], full_logits: bool, queued: float, prep: float, infer: float,
                t_done: float, graph: str, computed: int) -> JobResult:

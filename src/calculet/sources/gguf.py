@@ -34,7 +34,7 @@ from calculet.errors import ModelError
 from calculet.sources.base import LazyTensors, SourceModel, sha256_files
 from calculet.sources.gguf_tokenizer import convert_tokenizer
 
-SUPPORTED_ARCHS = ("gemma3", "llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("gemma3", "llama", "qwen2", "qwen3", "qwen3moe")
 SUPPORTED_VERSIONS = (2, 3)
 GGUF_MAGIC = b"GGUF"
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -193,7 +193,8 @@ def _tensor_bytes(path: str, name: str, dims: list[int], ggml_type: int) -> int:
 # ── config ──────────────────────────────────────────────────────────────────────────────────────
 
 _HF_CLASS = {"gemma3": "Gemma3ForCausalLM", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-             "qwen3": "Qwen3ForCausalLM"}
+             "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+_HF_MODEL_TYPE = {"gemma3": "gemma3_text", "qwen3moe": "qwen3_moe"}
 GEMMA3_SLIDING_PERIOD = 6       # 5 local layers then 1 global (llama.cpp and HF default)
 ROPE_BASE_DEFAULT = 10000.0     # llama.cpp's rope.freq_base when a file omits it
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
@@ -236,11 +237,12 @@ def gguf_config(gf: GgufFile) -> dict:
     rope_theta = float(k("rope.freq_base", default=ROPE_BASE_DEFAULT))
     rope_scaling = _rope_scaling(gf, arch, head_dim, rope_theta)
     config = {
-        "model_type": "gemma3_text" if arch == "gemma3" else arch,
+        "model_type": _HF_MODEL_TYPE.get(arch, arch),
         "architectures": [_HF_CLASS[arch]],
         "vocab_size": k("vocab_size", kind=int, default=len(tokens) if isinstance(tokens, list) else None),
         "hidden_size": hidden,
-        "intermediate_size": k("feed_forward_length", kind=int),
+        "intermediate_size": k("feed_forward_length", kind=int,
+                               default=k("expert_feed_forward_length", kind=int) if arch == "qwen3moe" else ...),
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": k("attention.head_count_kv", kind=int, default=heads),
@@ -258,9 +260,15 @@ def gguf_config(gf: GgufFile) -> dict:
     rope_params = {"rope_type": "default", "rope_theta": rope_theta, **(rope_scaling or {})}
     if arch != "gemma3":
         config |= {"hidden_act": "silu", "mlp_bias": False, "rope_parameters": rope_params}
-        if arch in ("qwen2", "qwen3"):
+        if arch in ("qwen2", "qwen3", "qwen3moe"):
             config |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": layers,
                        "layer_types": ["full_attention"] * layers}
+        if arch == "qwen3moe":
+            config |= _qwen3moe_config(gf, layers)
+        if arch == "llama" and "blk.0.ffn_gate_inp.weight" in gf.tensors:  # llama.cpp stores Mixtral as llama
+            config |= {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "sliding_window": None,
+                       "num_local_experts": k("expert_count", kind=int),
+                       "num_experts_per_tok": k("expert_used_count", kind=int)}
         return config
     local_base = float(k("rope.freq_base_swa", default=GEMMA3_LOCAL_ROPE_BASE))
     return config | {
@@ -274,6 +282,18 @@ def gguf_config(gf: GgufFile) -> dict:
         "final_logit_softcapping": k("final_logit_softcapping", kind=float, default=None),
         "attn_logit_softcapping": k("attn_logit_softcapping", kind=float, default=None),
     }
+
+
+def _qwen3moe_config(gf: GgufFile, layers: int) -> dict:
+    """Expert keys. llama.cpp's qwen3moe makes every block sparse; a block without a router
+    (`ffn_gate_inp`) is read as a dense one (HF `mlp_only_layers`). llama.cpp renormalises the top-k
+    weights for qwen3moe unless the file says otherwise (`expert_weights_norm`)."""
+    k = lambda name, **kw: _key(gf, f"qwen3moe.{name}", **kw)  # noqa: E731
+    return {"num_experts": k("expert_count", kind=int), "num_experts_per_tok": k("expert_used_count", kind=int),
+            "moe_intermediate_size": k("expert_feed_forward_length", kind=int),
+            "norm_topk_prob": bool(k("expert_weights_norm", kind=bool, default=True)),
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in gf.tensors]}
 
 
 def _gemma3_layer_types(gf: GgufFile, layers: int) -> list[str]:
@@ -332,6 +352,10 @@ _BLOCK = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k"
 # Gemma 3 has four norms per block; llama.cpp's `ffn_norm` is the one before the MLP.
 _GEMMA3_BLOCK = _BLOCK | {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm":
                           "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_QWEN3MOE_BLOCK = _BLOCK | {"ffn_gate_inp": "mlp.gate"}       # the router, [E, H]
+# Stacked experts (numpy order [E, rows, cols]) -> transformers 5's stacked parameters: gate and up
+# rows concatenated into `mlp.experts.gate_up_proj` [E, 2I, H]; `mlp.experts.down_proj` [E, H, I].
+_EXPERT_STACKS = {"gate_up_proj": ("ffn_gate_exps", "ffn_up_exps"), "down_proj": ("ffn_down_exps",)}
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _NOT_PARAMETERS = {"rope_freqs.weight"}  # folded into config["rope_scaling"]
 
@@ -341,10 +365,33 @@ def hf_name(arch: str, gguf_name: str, layers: int) -> str | None:
     if gguf_name in _TOP:
         return _TOP[gguf_name]
     m = _BLOCK_NAME.fullmatch(gguf_name)
-    table = _GEMMA3_BLOCK if arch == "gemma3" else _BLOCK
+    table = _block_table(arch)
     if m is None or m[2] not in table or int(m[1]) >= layers:
         return None
     return f"model.layers.{m[1]}.{table[m[2]]}.{m[3]}"
+
+
+def _block_table(arch: str) -> dict[str, str]:
+    """llama's table has the router too: llama.cpp writes Mixtral as a llama with experts."""
+    return {"gemma3": _GEMMA3_BLOCK, "qwen3moe": _QWEN3MOE_BLOCK, "llama": _QWEN3MOE_BLOCK}.get(arch, _BLOCK)
+
+
+def _expert_stacks(gf: GgufFile, layers: int) -> tuple[dict, dict, set[str]]:
+    """Loaders and shapes of the stacked expert parameters, and the GGUF names they consume."""
+    loaders, shapes, used = {}, {}, set()
+    for i in range(layers):
+        for param, parts in _EXPERT_STACKS.items():
+            infos = [gf.tensors.get(f"blk.{i}.{part}.weight") for part in parts]
+            if all(info is None for info in infos):
+                continue
+            if any(info is None for info in infos) or len({info.shape[::2] for info in infos}) != 1:
+                raise ModelError("gguf_bad_shape", f"{gf.path}: block {i} needs {' and '.join(parts)} with one "
+                                 f"expert count and width; got {[None if t is None else t.shape for t in infos]}")
+            name = f"model.layers.{i}.mlp.experts.{param}"
+            loaders[name] = (lambda infos=infos: np.concatenate([_load(gf, t) for t in infos], axis=1))
+            shapes[name] = (infos[0].shape[0], sum(t.shape[1] for t in infos), infos[0].shape[2])
+            used.update(t.name for t in infos)
+    return loaders, shapes, used
 
 
 def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -392,16 +439,15 @@ def gguf_tensors(gf: GgufFile, config: dict) -> LazyTensors:
     arch = architecture(gf)
     layers = config["num_hidden_layers"]
     _check_dequantizable(gf)
-    loaders: dict[str, Callable[[], np.ndarray]] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
+    loaders, shapes, stacked = _expert_stacks(gf, layers)
     for info in gf.tensors.values():
-        if info.name in _NOT_PARAMETERS:
+        if info.name in _NOT_PARAMETERS or info.name in stacked:
             continue
         name = hf_name(arch, info.name, layers)
         if name is None:
             raise ModelError("gguf_unknown_tensor", f"{gf.path}: tensor {info.name!r} has no Hugging Face "
                              f"{arch} parameter; expected token_embd, output, output_norm or blk.N (N < "
-                             f"{layers}) with {', '.join(sorted(_GEMMA3_BLOCK if arch == 'gemma3' else _BLOCK))}")
+                             f"{layers}) with {', '.join(sorted(_block_table(arch)))}")
         loaders[name] = _loader(gf, info, _transform(arch, info.name, config))
         shapes[name] = info.shape
     return LazyTensors(loaders, shapes)
@@ -437,7 +483,7 @@ def read_gguf_config(path: str) -> dict:
 
 
 def load_gguf(path: str) -> SourceModel:
-    """Read a GGUF file (gemma3, llama, qwen2 or qwen3) into HF config, HF-named tensors and tokenizer."""
+    """Read a GGUF file (gemma3, llama, qwen2, qwen3 or qwen3moe) into HF config, HF-named tensors and tokenizer."""
     gf = read_gguf(path)
     config = gguf_config(gf)
     tensors = gguf_tensors(gf, config)

@@ -5,12 +5,13 @@
 Each KV tensor is [lanes, kv_heads, context, head_dim]; its dimensions are split over C.lanes,
 C.context and C.kv_shape so that one wrong number fails one check. A graph's type must agree with
 its shapes: prefill runs one lane with many tokens (or a last_index input), decode one token per
-lane, a head turns `hidden` rows into logits. The vocabulary half is contract_vocab.py.
+lane, a head turns `hidden` rows into logits. The vocabulary half is contract_vocab.py, the
+mixture-of-experts part contract_moe.py.
 """
 
 from __future__ import annotations
 
-from calculet.calbin.gates import contract_vocab
+from calculet.calbin.gates import contract_moe, contract_vocab
 from calculet.calbin.gates.context import GateContext
 from calculet.calbin.gates.layout import Layout, expected_layout
 from calculet.calbin.graphspec import BODY_KINDS, DECODE, HEAD, NEW_KV, PREFILL, GraphSpec, TensorSpec, is_kv
@@ -26,7 +27,7 @@ KV_SHAPE = Rule("C.kv_shape", "KV layout agrees with the model: layers, kv heads
                                "per layer (in place) or new_keys/new_values")
 HIDDEN = Rule("C.hidden", "bodies emit hidden [rows, hidden_size], and a head graph takes each body's rows")
 DTYPE = Rule("C.dtype", "dtypes agree: KV tensors use the KV dtype; ids int64, seqlens int32, hidden/logits float32")
-RULES = (GRAPH_IO, LANES, CONTEXT, CONTEXT_TRAINED, PREFILL_CHUNKS, GRAPH_TYPE, KV_SHAPE, HIDDEN, DTYPE) + contract_vocab.RULES
+RULES = (GRAPH_IO, LANES, CONTEXT, CONTEXT_TRAINED, PREFILL_CHUNKS, GRAPH_TYPE, KV_SHAPE, HIDDEN, DTYPE) + contract_vocab.RULES + contract_moe.RULES
 
 FIXED_DTYPES = {"input_ids": "int64", "seqlens_k": "int32", "total_seq_len": "int32", "last_index": "int64",
                 "hidden": "float32", "logits": "float32", "topk_values": "float32", "topk_ids": "int64"}
@@ -49,7 +50,7 @@ def run(ctx: GateContext) -> list[Check]:
         HIDDEN.check(_hidden_problems(ctx, graphs, layout),
                      f"hidden width {m.spec.hidden_size}; heads for rows {sorted(layout.head.values())}"),
         DTYPE.check(_dtype_problems(m, graphs), f"KV {m.kv.dtype}; fixed I/O dtypes"),
-    ] + contract_vocab.run(ctx)
+    ] + contract_vocab.run(ctx) + contract_moe.run(ctx)
 
 
 # ---- helpers -----------------------------------------------------------------------------------
