@@ -56,7 +56,7 @@ class EngineConfig:
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise RequestError("bad_option", f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}")
         if not self.job_timeout_s > 0:
-            raise RequestError("bad_option", f"job_timeout_s must be > 0, got {self.job_timeout_s}")
+            raise RequestError("bad_option", f"--job-timeout must be > 0 seconds, got {self.job_timeout_s}")
 
 
 @dataclass(frozen=True)

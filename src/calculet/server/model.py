@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from calculet.errors import CalculetError, DeviceError, ModelError
+from calculet.server.limits import max_prompt_chars, max_token_chars
 
 log = logging.getLogger("calculet.server")
 
@@ -23,6 +24,7 @@ class LoadedModel:
     context: int
     lanes: int
     created: int               # unix time the model became ready
+    max_prompt_chars: int      # longer prompt text cannot fit the context (server/limits.py)
 
 
 class ModelHost:
@@ -80,8 +82,9 @@ class ModelHost:
         self.metrics.watch(engine.snapshot, lambda: engine.healthy)
         engine.start()
         source = device.program.manifest.model.get("source", {}).get("path")
-        return LoadedModel(cfg.model_name(calbin, source), engine, tokenizer, chat, problem,
-                           device.lanes.context, device.lanes.count, int(time.time()))
+        context = device.lanes.context
+        return LoadedModel(cfg.model_name(calbin, source), engine, tokenizer, chat, problem, context, device.lanes.count,
+                           int(time.time()), max_prompt_chars(context, max_token_chars(tokenizer)))
 
     def require(self) -> LoadedModel:
         if self.model is None:

@@ -38,6 +38,7 @@ def run_server(config) -> int:
         threading.Thread(target=_load_then_announce, name="calculet-load", daemon=True).start()
         yield
         host.close()
+        app.state.text_pool.close()
 
     app = create_app(config, host, metrics)
     app.router.lifespan_context = lifespan
