@@ -101,6 +101,7 @@ class Engine:
         self._live: dict[int, RequestState] = {}      # engine thread only
         self._ids = itertools.count(1)
         self._stopping = False
+        self._draining = False                        # set by begin_drain(): no new requests
         self._thread: threading.Thread | None = None
         self._snapshot = self._take_snapshot()
 
@@ -115,6 +116,26 @@ class Engine:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def begin_drain(self) -> None:
+        """Admit no new request (submit says shutting_down); running and waiting ones go on."""
+        with self._cond:
+            self._draining = True
+
+    def wait_idle(self, timeout: float, interrupt: threading.Event | None = None) -> bool:
+        """Wait until no request is queued, waiting or running (True), or `timeout` seconds or
+        `interrupt` come first (False). For shutdown: polls the published snapshot."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._cond:
+                snap, queued = self._snapshot, bool(self._inbox)
+            if not queued and snap.running == 0 and snap.waiting == 0:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or (interrupt is not None and interrupt.wait(min(left, 0.05))):
+                return False
+            if interrupt is None:
+                time.sleep(min(left, 0.05))
 
     @property
     def healthy(self) -> bool:
@@ -144,7 +165,7 @@ class Engine:
         """Queue a request; `sink(event)` is called from the engine thread with its events."""
         self.check(request)
         with self._cond:
-            if self._stopping:
+            if self._stopping or self._draining:
                 raise DeviceError("shutting_down", "the server is shutting down; retry on another instance")
             if self.state == "failed":
                 raise DeviceError("device_unavailable", "the device failed and could not be reset yet; retry later")
@@ -193,7 +214,8 @@ class Engine:
             except Exception as exc:  # a bug must not kill the server
                 self._panic(exc)
             self._publish()
-        self._fail_all(DeviceError("shutting_down", "the server is shutting down"))
+        self._fail_all(DeviceError("shutting_down", "the server is shutting down and ended this request before it "
+                                   "finished (it ran past the drain timeout); retry on another instance"))
         self.state = "stopped"
         self._publish()
 

@@ -36,6 +36,7 @@ class ModelHost:
         self.model: LoadedModel | None = None
         self._device = None
         self.loaded = threading.Event()      # set when ready or failed
+        self.draining = threading.Event()    # set on SIGTERM (server/drain.py): no new requests
 
     def load(self) -> None:
         """Compile (once, cached) if needed, load and configure the device, start the engine."""
@@ -87,6 +88,9 @@ class ModelHost:
                            int(time.time()), max_prompt_chars(context, max_token_chars(tokenizer)))
 
     def require(self) -> LoadedModel:
+        if self.draining.is_set():
+            raise DeviceError("shutting_down", "the server is shutting down and admits no new requests; retry on "
+                              "another instance")
         if self.model is None:
             if self.state == "failed":
                 raise DeviceError("model_unavailable", f"the model failed to load: {self.error}")
@@ -95,11 +99,13 @@ class ModelHost:
 
     def health(self) -> tuple[bool, dict]:
         if self.model is None:
-            return False, {"status": self.state}
+            return False, {"status": "draining" if self.draining.is_set() else self.state}
         engine = self.model.engine
         snap = engine.snapshot()
         ok = engine.healthy
         status = "ok" if ok else ("recovering" if snap.state in ("ready", "recovering") else snap.state)
+        if self.draining.is_set():
+            ok, status = False, "draining"
         return ok, {"status": status, "model": self.model.name, "lanes_in_use": snap.lanes_in_use,
                     "lanes_free": snap.lanes_free, "requests_running": snap.running, "requests_waiting": snap.waiting}
 
