@@ -11,7 +11,8 @@ every step; prompts are prefilled in chunks, up to `max_prefill_tokens` per step
 decode.
 
 Device errors: the requests whose job failed (the decode batch, or the sequence being prefilled)
-fail with the device error. `device.reset()` then forgets every lane, so every other sequence that
+fail with the device error. A job past `job_timeout_s` is a device error too (job_timeout): the
+device fences its stuck worker off (`Device.fence`), so a late result never lands in a lane. `device.reset()` then forgets every lane, so every other sequence that
 held a lane is sent back to the queue and re-prefills its prompt plus the output it already has,
 then continues where it stopped (its sampler state is kept). Nothing the caller already received is
 taken back. Health reads false from the failed job until the reset is done.
@@ -275,6 +276,11 @@ class Engine:
             try:
                 result = self.device.wait(handle, self.config.job_timeout_s)
             except CalculetError as exc:
+                if exc.code == "wait_timeout":   # hung: fence the worker off (fails the step's other jobs at once)
+                    self.device.fence()
+                    exc = DeviceError("job_timeout", f"a {kind} job ran past the job timeout of "
+                                      f"{self.config.job_timeout_s:g} s (--job-timeout); the stuck device worker was "
+                                      f"replaced")
                 failures.append((exc, seqs))
                 continue
             if work is None:
@@ -283,7 +289,8 @@ class Engine:
                 results.prefill.append((work, result))
         device_failure = next((exc for exc, _ in failures if isinstance(exc, DeviceError)), None)
         if device_failure is not None or not self.device.healthy:
-            failed = [s.state for _, seqs in failures for s in seqs]
+            # jobs a fence failed before they ran (job_fenced) are not these requests' fault: they are requeued
+            failed = [s.state for exc, seqs in failures for s in seqs if exc.code != "job_fenced"]
             self._recover(device_failure or DeviceError("device_unhealthy", "the device reported a failure"), failed)
             return None
         for exc, seqs in failures:  # request errors: only these requests fail, the lanes are intact
