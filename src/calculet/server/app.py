@@ -38,7 +38,7 @@ def create_app(config, host, metrics) -> FastAPI:
 
     app.add_middleware(BodyLimit, limit=body_limit, on_reject=lambda: metrics.http_errors.inc(1, "413"))
 
-    def authorized(request: Request) -> None:
+    async def authorized(request: Request) -> None:  # async: no thread-pool hop per request
         if key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
