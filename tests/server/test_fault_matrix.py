@@ -19,11 +19,14 @@ import pytest
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
 
 
-def stream(server, prompt) -> tuple[str, list]:
-    """(text, frames) of one greedy stream; frames are the decoded `data:` payloads, [DONE] included."""
+def stream(server, prompt, refusal_ok: bool = False) -> tuple[str, list]:
+    """(text, frames) of one greedy stream; frames are the decoded `data:` payloads, [DONE] included.
+    `refusal_ok`: a request refused before it streams gives ("", [its error body, "REFUSED"])."""
     frames = []
     with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
                       json={"prompt": prompt, "stream": True, "max_tokens": 10, "temperature": 0, "ignore_eos": True}) as r:
+        if refusal_ok and r.status_code == 503:
+            return "", [json.loads(r.read()), "REFUSED"]
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if line:
@@ -34,9 +37,9 @@ def stream(server, prompt) -> tuple[str, list]:
     return text, frames
 
 
-def run_pair(server) -> dict:
+def run_pair(server, refusal_ok: bool = False) -> dict:
     with ThreadPoolExecutor(2) as pool:
-        return dict(zip(("short", "long"), pool.map(lambda p: stream(server, p), ("Paris is", LONG_PROMPT))))
+        return dict(zip(("short", "long"), pool.map(lambda p: stream(server, p, refusal_ok), ("Paris is", LONG_PROMPT))))
 
 
 CASES = [
@@ -85,11 +88,12 @@ def test_slow_jobs_within_the_deadline_change_nothing(tiny_calbin, start_server)
 
 
 def test_failed_reset_fails_everyone_then_retries(tiny_calbin, start_server):
-    """The decode fault's reset fails (fail@load:2): every request fails, /health says 503 until the
-    engine's retry succeeds (load 3), then the server serves normally."""
+    """The decode fault's reset fails (fail@load:2): every request fails (one that arrives after the
+    failure is refused with 503 at once), /health says 503 until the engine's retry succeeds (load 3),
+    then the server serves normally."""
     server = start_server(tiny_calbin("llama", lanes=4, context=128, chunks=(4, 16)), "--max-prefill-tokens", "1",
                           env={"CALCULET_FAULT": "fail@decode:1,fail@load:2"})
-    outcomes = run_pair(server)
+    outcomes = run_pair(server, refusal_ok=True)
     codes = sorted(frames[-2]["error"]["code"] for _text, frames in outcomes.values())
     assert codes == ["device_unavailable", "injected_fault"], codes
     m = server.wait_idle(timeout=30)
