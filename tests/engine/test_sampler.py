@@ -110,3 +110,12 @@ def test_seed_reproducible_and_independent_of_other_sequences():
         other.sample(LOGITS)                  # interleaved draws of another sequence change nothing
         seq_b.append(b.sample(LOGITS))
     assert seq_a == seq_b
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-30])
+def test_tiny_temperature_is_greedy_not_nan(temperature):
+    """Found by the server fuzz test: temperature=5e-324 (allowed: > 0) made logits / T overflow to
+    +inf, inf - inf gave NaN probabilities and the engine failed the request (503 engine_failure)."""
+    sampler = SequenceSampler(SamplingParams(temperature=temperature, seed=0))
+    assert {sampler.sample(LOGITS) for _ in range(50)} == {0}
+    assert SequenceSampler(SamplingParams(temperature=temperature, top_k=3, seed=0)).sample(LOGITS) == 0
