@@ -61,6 +61,7 @@ class FaultPlan:
     def __init__(self, faults: tuple[Fault, ...]):
         self.faults = faults
         self.release = threading.Event()   # ends every injected hang
+        self.hanging = threading.Event()   # set when a job enters an injected hang (tests wait on it)
         self._seen: Counter[str] = Counter()
         self._lock = threading.Lock()
 
@@ -82,6 +83,7 @@ class FaultPlan:
         return next((f for f in self.faults if f.phase == phase and f.after <= n < f.after + f.count), None)
 
     def wait_released(self) -> None:
+        self.hanging.set()
         self.release.wait(HANG_S)
 
 
