@@ -220,7 +220,7 @@ def test_fault_specs_parse():
     assert [str(f) for f in plan.faults] == ["hang@decode:3:1", "delay=0.5@prefill:1:4", "nan@decode:7:1",
                                               "fail@load:2:1", "fail@decode:9:1"]
     assert [plan.take("prefill") is not None for _ in range(5)] == [True, True, True, True, False]
-    for bad in ("hang@load:1", "melt@decode:1", "decode:0", "delay=x@decode:1"):
+    for bad in ("hang@load:1", "nan@load:1", "melt@decode:1", "decode:0", "delay=x@decode:1"):
         with pytest.raises(RequestError):
             FaultPlan.parse(bad)
 

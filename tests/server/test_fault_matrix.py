@@ -112,3 +112,31 @@ def test_broken_device_at_start_exits_2(tiny_calbin, tmp_path):
         assert "session_create_failed" in server.log()
     finally:
         server.stop()
+
+
+def test_health_and_requests_while_loading(tiny_calbin, tmp_path):
+    """While the model loads (a slow load: delay=5@load:1), /health answers 503 "loading" and requests
+    get 503 model_loading with Retry-After; then the server becomes ready by itself."""
+    import time
+
+    from serving import Server
+
+    server = Server(tiny_calbin("llama", lanes=4, context=128, chunks=(4, 16)), tmp_path / "log.txt",
+                    env={"CALCULET_FAULT": "delay=5@load:1"})
+    try:
+        deadline = time.monotonic() + 60
+        while True:                                        # the first answer, once the port is bound
+            try:
+                first = httpx.get(server.url + "/health", timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and server.proc.poll() is None, server.log()
+                time.sleep(0.02)
+        assert first.status_code == 503 and first.json()["status"] == "loading"
+        early = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=5)
+        assert early.status_code == 503 and early.json()["error"]["code"] == "model_loading"
+        assert early.headers["retry-after"]
+        server.wait_ready(60)
+        assert stream(server, "Paris is")[1][-1] == "[DONE]"
+    finally:
+        server.stop()

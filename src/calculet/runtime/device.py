@@ -243,7 +243,9 @@ class Device:
 
     def _inject_load_fault(self) -> None:
         fault = self.faults.take("load") if self.faults is not None else None
-        if fault is not None:
+        if fault is not None and fault.action == "delay":
+            time.sleep(fault.delay_s)
+        elif fault is not None:
             raise DeviceError("session_create_failed", f"cannot create the sessions: injected load failure ({fault})")
 
     def _prefill(self, job: PrefillJob, queued: float) -> JobResult:

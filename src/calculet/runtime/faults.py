@@ -14,6 +14,7 @@ ACTION (default `fail`):
     delay=S     the job runs S seconds late (a slow job; past --job-timeout it counts as hung)
     nan, inf    the job's logits come back NaN / +inf (corrupt output: code bad_output)
     fail@load   session creation fails (code session_create_failed)
+    delay=S@load  session creation takes S seconds longer (a slow load: /health says loading)
 
 Examples: `decode:5` (the 5th decode job fails), `hang@decode:3`, `delay=0.5@prefill:1:4`,
 `nan@decode:2,fail@load:2`. Off by default.
@@ -47,8 +48,8 @@ class Fault:
             raise ValueError(f"phase {self.phase!r}; allowed: {', '.join(PHASES)}")
         if self.action not in ACTIONS:
             raise ValueError(f"action {self.action!r}; allowed: {', '.join(ACTIONS)}")
-        if self.phase == "load" and self.action != "fail":
-            raise ValueError("the load phase takes only the fail action")
+        if self.phase == "load" and self.action not in ("fail", "delay"):
+            raise ValueError("the load phase takes only the fail and delay actions")
         if self.after < 1 or self.count < 1 or self.delay_s < 0:
             raise ValueError("N and COUNT must be >= 1, a delay >= 0")
 
