@@ -124,7 +124,7 @@ def test_injected_decode_fault_then_reset(tiny_calbin):
 def test_fault_spec_is_validated():
     with pytest.raises(RequestError) as e:
         FaultPlan.parse("sideways:2")
-    assert e.value.code == "bad_fault_spec" and "KIND:N" in str(e.value)
+    assert e.value.code == "bad_fault_spec" and "PHASE:N" in str(e.value)
 
 
 def test_decode_uses_smallest_graph_covering_the_lanes(device):
@@ -212,3 +212,81 @@ def test_coarse_head_rows_carry_the_exact_candidates(tiny_calbin):
         ids, values = r.topk_ids[row], r.topk_values[row]
         assert np.array_equal(r.logits[row][ids], values)
         assert ids[0] == int(np.argmax(r.logits[row]))
+
+
+def test_fault_specs_parse():
+    plan = FaultPlan.parse("hang@decode:3, delay=0.5@prefill:1:4,nan@decode:7,fail@load:2,decode:9")
+    assert [str(f) for f in plan.faults] == ["hang@decode:3:1", "delay=0.5@prefill:1:4", "nan@decode:7:1",
+                                              "fail@load:2:1", "fail@decode:9:1"]
+    assert [plan.take("prefill") is not None for _ in range(5)] == [True, True, True, True, False]
+    for bad in ("hang@load:1", "nan@load:1", "melt@decode:1", "decode:0", "delay=x@decode:1"):
+        with pytest.raises(RequestError):
+            FaultPlan.parse(bad)
+
+
+def test_hung_job_is_fenced_and_its_late_result_dropped(tiny_calbin):
+    """A job stuck in the worker (hang@decode:2): fence() fails it and everything queued behind it at
+    once, a fresh worker serves new jobs on fresh KV buffers, and when the stuck job finally returns,
+    nothing it computed reaches the lanes (issue 15: reset() did not fence, a late job could write
+    into lanes already given to new requests)."""
+    d = Device(faults=FaultPlan.parse("hang@decode:2"))
+    d.configure(d.load(tiny_calbin("llama", lanes=2)))
+    try:
+        lane = d.lanes.allocate()
+        d.run(PrefillJob(lane, (5, 6, 7)), 10)
+        solo = d.run(DecodeJob((lane,), (8,)), 10).logits              # decode 1: fine
+        stuck = d.submit(DecodeJob((lane,), (9,)))                    # decode 2: hangs
+        behind = d.submit(PrefillJob(lane, (10,)))
+        with pytest.raises(DeviceError) as e:
+            d.wait(stuck, 0.2)
+        assert e.value.code == "wait_timeout"
+        stale = d._worker
+        d.fence()
+        for handle in (stuck, behind):
+            with pytest.raises(DeviceError) as e:
+                d.wait(handle, 1)
+            assert e.value.code == "job_fenced"
+        assert not d.healthy and d.fences == 1
+        d.reset()
+        assert d.healthy and d.lanes.free_count() == 2
+        lane = d.lanes.allocate()                                     # the same lane, reallocated
+        d.run(PrefillJob(lane, (5, 6, 7)), 10)
+        d.faults.release.set()                                        # the stuck job returns now...
+        stale.thread.join(10)
+        assert not stale.thread.is_alive() and d._fenced == []
+        assert d.lanes.length(lane) == 3                              # ...and wrote nothing
+        again = d.run(DecodeJob((lane,), (8,)), 10).logits
+        np.testing.assert_array_equal(again, solo)
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("spec,code", [("nan@decode:1", "bad_output"), ("inf@prefill:1", "bad_output"),
+                                       ("alloc@prefill:1", "device_run_failed")])
+def test_corrupt_output_and_allocation_failure_are_device_errors(tiny_calbin, spec, code):
+    d = Device(faults=FaultPlan.parse(spec))
+    d.configure(d.load(tiny_calbin("llama", lanes=2)))
+    try:
+        lane = d.lanes.allocate()
+        with pytest.raises(DeviceError) as e:
+            d.run(PrefillJob(lane, (5, 6, 7)), 10)
+            d.run(DecodeJob((lane,), (8,)), 10)
+        assert e.value.code == code and not d.healthy
+        d.reset()
+        lane = d.lanes.allocate()
+        assert np.isfinite(d.run(PrefillJob(lane, (5, 6, 7)), 10).logits).all()
+    finally:
+        d.close()
+
+
+def test_session_creation_failure_on_reset(tiny_calbin):
+    d = Device(faults=FaultPlan.parse("fail@load:2"))
+    d.configure(d.load(tiny_calbin("llama", lanes=2)))             # load 1
+    try:
+        with pytest.raises(DeviceError) as e:
+            d.reset()                                                 # load 2 fails
+        assert e.value.code == "session_create_failed" and not d.healthy
+        d.reset()                                                     # load 3
+        assert d.healthy and d.run(PrefillJob(d.lanes.allocate(), (5, 6)), 10).logits is not None
+    finally:
+        d.close()

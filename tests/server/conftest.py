@@ -39,3 +39,18 @@ def served_default_calbin(request):
     if given:
         return Path(given)
     return request.getfixturevalue("default_calbin")
+
+
+@pytest.fixture(scope="session")
+def slow_calbin(tmp_path_factory):
+    """A random Llama made big enough (8 layers, hidden 512: ~15 ms a step here) that a 1000-token
+    request certainly holds its lane for seconds: 2 lanes, context 1024."""
+    import tiny_models
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions
+
+    folder = tiny_models.make_tiny_model("llama", tmp_path_factory.mktemp("hf-slow"), hidden_size=512, intermediate_size=2048,
+                                         num_hidden_layers=8, num_attention_heads=8, head_dim=64)
+    out = tmp_path_factory.mktemp("calbin-slow") / "model.calbin"
+    options = CompileOptions(lanes=2, context=1024, prefill_chunks=(16, 128), golden=False)
+    return compile_calbin(str(folder), out, options, log=lambda _m: None)

@@ -15,6 +15,9 @@ from calculet.server.config import ServerConfig
     ({"request_timeout_s": 0.0}, "--request-timeout", "> 0"),
     ({"threads": -2}, "--threads", ">= 0"),
     ({"api_key": " "}, "--api-key", "empty"),
+    ({"max_body_bytes": 10}, "--max-body-bytes", ">= 1024"),
+    ({"drain_timeout_s": -1.0}, "--drain-timeout", "0..3600"),
+    ({"job_timeout_s": 0.0}, "--job-timeout", "> 0"),
 ])
 def test_bad_option_names_flag_and_limit(kwargs, flag, allowed):
     with pytest.raises(RequestError) as exc:

@@ -1,7 +1,7 @@
 """Auth, the bounded queue and cancellation, on a 2-lane model with a 1-request queue and an API key.
 
-The model is a random Llama made big enough (8 layers, hidden 512: ~15 ms a step here) that a
-1000-token request certainly holds its lane while the test fills the queue or walks away.
+The model is `slow_calbin` (conftest): big enough that a 1000-token request certainly holds its
+lane while the test fills the queue or walks away.
 """
 
 from __future__ import annotations
@@ -15,19 +15,6 @@ import pytest
 
 KEY = "sk-calculet-test-0123456789"
 LONG = {"max_tokens": 1000, "temperature": 0, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def slow_calbin(tmp_path_factory):
-    import tiny_models
-    from calculet.compiler.compile import compile_calbin
-    from calculet.compiler.options import CompileOptions
-
-    folder = tiny_models.make_tiny_model("llama", tmp_path_factory.mktemp("hf-slow"), hidden_size=512, intermediate_size=2048,
-                                         num_hidden_layers=8, num_attention_heads=8, head_dim=64)
-    out = tmp_path_factory.mktemp("calbin-slow") / "model.calbin"
-    options = CompileOptions(lanes=2, context=1024, prefill_chunks=(16, 128), golden=False)
-    return compile_calbin(str(folder), out, options, log=lambda _m: None)
 
 
 @pytest.fixture(scope="module")

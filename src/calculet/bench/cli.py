@@ -1,4 +1,5 @@
-"""`calculet bench run | report | compare`: measure any OpenAI-compatible server from the client side."""
+"""`calculet bench run | report | compare | soak`: measure any OpenAI-compatible server from the client side
+(soak: our own server, started as a child process, under mixed traffic for a duration)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ Lists (comma-separated) sweep: --concurrency 1,8 or --rate 1,2,4; --prompt-token
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="benchmark an OpenAI-compatible server",
                                   description=__doc__.splitlines()[0])
-    sub = bench.add_subparsers(dest="bench_command", metavar="{run,report,compare}")
+    sub = bench.add_subparsers(dest="bench_command", metavar="{run,report,compare,soak}")
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
     run = sub.add_parser("run", help="run a load test", description=_RUN_HELP)
@@ -61,6 +62,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--out", type=Path, help="folder for the report (default: the run directory)")
     report.add_argument("--slo", help="goodput limits (default: the run's own)")
     report.set_defaults(func=_report)
+
+    soak = sub.add_parser("soak", help="start `calculet serve` and run mixed traffic for a duration, watching for "
+                          "leaks (RSS, fds, threads, lanes) and unexpected errors")
+    soak.add_argument("model", nargs="?", default=None, metavar="CALBIN|SOURCE", help="what to serve (default: the default model)")
+    soak.add_argument("--duration", type=float, default=3600.0, help="seconds of traffic (default 3600)")
+    soak.add_argument("--workers", type=int, default=6, help="concurrent clients (default 6)")
+    soak.add_argument("--sample-every", type=float, default=5.0, help="seconds between samples (default 5)")
+    soak.add_argument("--burst-every", type=float, default=30.0, help="seconds between overload bursts (default 30)")
+    soak.add_argument("--warmup", type=float, default=60.0, help="seconds before the RSS slope counts (default 60)")
+    soak.add_argument("--max-rss-slope", type=float, default=5.0, help="MB per hour of RSS growth allowed (default 5)")
+    soak.add_argument("--out", type=Path, default=None, help="run directory (default: calculet-soak/<time>)")
+    soak.set_defaults(func=_soak)
 
     compare = sub.add_parser("compare", help="two runs side by side with B/A ratios")
     compare.add_argument("a", type=Path, help="baseline run (directory or records.jsonl)")
@@ -115,3 +128,18 @@ def _compare(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")
     return 0
+
+
+def _soak(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from calculet.bench.soak import SoakConfig, run_soak
+
+    config = SoakConfig(model=args.model, duration_s=args.duration, workers=args.workers, sample_every_s=args.sample_every,
+                        burst_every_s=args.burst_every, warmup_s=args.warmup, max_rss_slope_mb_per_h=args.max_rss_slope)
+    out = args.out or Path("calculet-soak") / time.strftime("%Y%m%d-%H%M%S")
+    summary = run_soak(config, out)
+    print(json.dumps({k: summary[k] for k in ("passed", "checks", "rss_slope_mb_per_h", "unexpected")}, indent=2))
+    print(f"samples: {out / 'samples.jsonl'}  summary: {out / 'summary.json'}")
+    return 0 if summary["passed"] else 1

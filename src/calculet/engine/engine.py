@@ -13,7 +13,8 @@ every step; prompts are prefilled in chunks, up to `max_prefill_tokens` per step
 decode.
 
 Device errors: the requests whose job failed (the decode batch, or the sequence being prefilled)
-fail with the device error. `device.reset()` then forgets every lane, so every other sequence that
+fail with the device error. A job past `job_timeout_s` is a device error too (job_timeout): the
+device fences its stuck worker off (`Device.fence`), so a late result never lands in a lane. `device.reset()` then forgets every lane, so every other sequence that
 held a lane is sent back to the queue and re-prefills its prompt plus the output it already has,
 then continues where it stopped (its sampler state is kept). Nothing the caller already received is
 taken back. Health reads false from the failed job until the reset is done.
@@ -66,7 +67,7 @@ class EngineConfig:
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise RequestError("bad_option", f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}")
         if not self.job_timeout_s > 0:
-            raise RequestError("bad_option", f"job_timeout_s must be > 0, got {self.job_timeout_s}")
+            raise RequestError("bad_option", f"--job-timeout must be > 0 seconds, got {self.job_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class Engine:
         self._live: dict[int, RequestState] = {}      # engine thread only
         self._ids = itertools.count(1)
         self._stopping = False
+        self._draining = False                        # set by begin_drain(): no new requests
         self._thread: threading.Thread | None = None
         self._snapshot = self._take_snapshot()
 
@@ -127,6 +129,26 @@ class Engine:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def begin_drain(self) -> None:
+        """Admit no new request (submit says shutting_down); running and waiting ones go on."""
+        with self._cond:
+            self._draining = True
+
+    def wait_idle(self, timeout: float, interrupt: threading.Event | None = None) -> bool:
+        """Wait until no request is queued, waiting or running (True), or `timeout` seconds or
+        `interrupt` come first (False). For shutdown: polls the published snapshot."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._cond:
+                snap, queued = self._snapshot, bool(self._inbox)
+            if not queued and snap.running == 0 and snap.waiting == 0:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or (interrupt is not None and interrupt.wait(min(left, 0.05))):
+                return False
+            if interrupt is None:
+                time.sleep(min(left, 0.05))
 
     @property
     def healthy(self) -> bool:
@@ -157,7 +179,7 @@ class Engine:
         """Queue a request; `sink(event)` is called from the engine thread with its events."""
         self.check(request)
         with self._cond:
-            if self._stopping:
+            if self._stopping or self._draining:
                 raise DeviceError("shutting_down", "the server is shutting down; retry on another instance")
             if self.state == "failed":
                 raise DeviceError("device_unavailable", "the device failed and could not be reset yet; retry later")
@@ -206,7 +228,8 @@ class Engine:
             except Exception as exc:  # a bug must not kill the server
                 self._panic(exc)
             self._publish()
-        self._fail_all(DeviceError("shutting_down", "the server is shutting down"))
+        self._fail_all(DeviceError("shutting_down", "the server is shutting down and ended this request before it "
+                                   "finished (it ran past the drain timeout); retry on another instance"))
         self.state = "stopped"
         self._publish()
 
@@ -266,6 +289,11 @@ class Engine:
             try:
                 result = self.device.wait(handle, self.config.job_timeout_s)
             except CalculetError as exc:
+                if exc.code == "wait_timeout":   # hung: fence the worker off (fails the step's other jobs at once)
+                    self.device.fence()
+                    exc = DeviceError("job_timeout", f"a {kind} job ran past the job timeout of "
+                                      f"{self.config.job_timeout_s:g} s (--job-timeout); the stuck device worker was "
+                                      f"replaced")
                 failures.append((exc, seqs))
                 continue
             if work is None:
@@ -274,7 +302,8 @@ class Engine:
                 results.prefill.append((work, result))
         device_failure = next((exc for exc, _ in failures if isinstance(exc, DeviceError)), None)
         if device_failure is not None or not self.device.healthy:
-            failed = [s.state for _, seqs in failures for s in seqs]
+            # jobs a fence failed before they ran (job_fenced) are not these requests' fault: they are requeued
+            failed = [s.state for exc, seqs in failures for s in seqs if exc.code != "job_fenced"]
             self._recover(device_failure or DeviceError("device_unhealthy", "the device reported a failure"), failed)
             return None
         for exc, seqs in failures:  # request errors: only these requests fail, the lanes are intact

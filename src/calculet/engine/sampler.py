@@ -104,7 +104,9 @@ class SequenceSampler:
 
     def _draw(self, logits: np.ndarray) -> int:
         p = self.params
-        scaled = logits.astype(np.float64) / p.temperature
+        x = logits.astype(np.float64)
+        with np.errstate(over="ignore"):      # shift first: a tiny temperature then gives -inf, never inf - inf
+            scaled = (x - x.max()) / p.temperature
         if p.top_k and p.top_k < scaled.size:
             candidates = np.argpartition(-scaled, p.top_k - 1)[: p.top_k]
         else:

@@ -45,6 +45,10 @@ class TextTokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
+    def pieces(self) -> list[str]:
+        """Every entry of the vocabulary (added tokens included) as the tokenizer writes it."""
+        return list(self._tok.get_vocab(with_added_tokens=True))
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

@@ -9,6 +9,13 @@
 
 Jobs run one at a time on a worker thread, in submission order. Every failure becomes a
 `CalculetError` delivered through `wait`; nothing here exits the process.
+
+A worker stuck in a job (a hung execution provider) cannot be stopped, so it is fenced off instead:
+`fence()` starts a new epoch with a fresh worker, queue, KV buffers and bindings, and fails every job
+of the old epoch. The old worker keeps what it had; if its job ever returns, the result is dropped
+under the commit lock (lane lengths, staged K/V and fetched rows are written only while the worker's
+epoch is current), and its in-place KV writes land in the buffers it was given, which no lane uses
+any more. Corrupt output (NaN or +inf logits) is a device error, never sampled.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import itertools
 import queue
 import threading
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,6 +42,19 @@ from calculet.runtime.program import DeviceConfig, Program
 JOB_TIMEOUT_S = 600.0
 
 
+class _Fenced(Exception):
+    """Raised in a worker whose epoch has ended: its job's effects are dropped."""
+
+
+@dataclass
+class _Worker:
+    epoch: int
+    jobs: queue.Queue
+    thread: threading.Thread | None = None
+    current: JobHandle | None = None      # the job it is running, if any
+    kept: tuple = ()                      # a fenced worker's sessions, bindings and KV buffers, alive until it ends
+
+
 class Device:
     def __init__(self, config: DeviceConfig | None = None, faults: FaultPlan | None = None):
         self.config = config or DeviceConfig()
@@ -41,10 +63,14 @@ class Device:
         self.lanes: Lanes | None = None
         self._bindings: dict[tuple[str, int], BodyBinding] = {}
         self._heads: dict[int, HeadBinding] = {}
-        self._queue: queue.Queue[JobHandle | None] = queue.Queue()
         self._ids = itertools.count()
-        self._worker: threading.Thread | None = None
         self.expert_load: np.ndarray | None = None  # --expert-stats calbins: tokens per [sparse layer, expert]
+        self._commit = threading.Lock()       # held while a job writes lane state; fence() takes it to end an epoch
+        self._epoch = 0
+        self._worker: _Worker | None = None
+        self._fenced: list[_Worker] = []      # stuck workers of ended epochs
+        self._local = threading.local()       # .epoch: the epoch of the worker running on this thread
+        self.fences = 0                       # how many times a stuck worker was fenced off
         self.healthy = False
 
     # --- set-up --------------------------------------------------------------------------
@@ -52,13 +78,13 @@ class Device:
         return Program(path, full_hash=full_hash)
 
     def configure(self, program: Program) -> None:
+        self._inject_load_fault()
         program.open_sessions(self.config)
         self.program = program
         self.lanes = Lanes(program.manifest.kv)
         self._bindings, self._heads = {}, {}
         if self._worker is None:
-            self._worker = threading.Thread(target=self._loop, name="calculet-device", daemon=True)
-            self._worker.start()
+            self._start_worker()
         self._warm_up()
         self.expert_load = None  # the warm-up's routing is not load
         self.healthy = True
@@ -83,16 +109,48 @@ class Device:
         program = self.program
         if program is None:
             raise ModelError("not_configured", "reset() before configure(): load and configure a calbin first")
+        self._inject_load_fault()
         program.open_sessions(self.config)
         self.lanes.reset_all()
         self._bindings, self._heads = {}, {}
         self.healthy = True
 
+    def fence(self) -> None:
+        """The worker is stuck (a job ran past its deadline): end its epoch, fail every job it holds or
+        has queued (code job_fenced), and start a fresh worker with fresh KV buffers and bindings.
+        Call reset() afterwards for fresh sessions. Lanes stay allocated; their contents are gone."""
+        old = self._worker
+        with self._commit:
+            self._epoch += 1
+            old.kept = (self.program.sessions, getattr(self.program, "_values", None), self._bindings, self._heads,
+                        self.lanes.all_keys, self.lanes.all_values)
+            self._fenced.append(old)
+            self.fences += 1
+            self.healthy = False
+            self.lanes.renew_buffers()
+            self._bindings, self._heads = {}, {}
+            self._start_worker()
+        error = DeviceError("job_fenced", "the device worker was stuck and has been replaced; this job did not run")
+        if old.current is not None:
+            old.current._finish(error=error)
+        old.jobs.put(None)               # the old worker ends once (if ever) its job returns
+        while True:
+            try:
+                handle = old.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if handle is None:
+                old.jobs.put(None)
+                break
+            handle._finish(error=error)
+
     def close(self) -> None:
         if self._worker is not None:
-            self._queue.put(None)
-            self._worker.join(timeout=5)
+            self._worker.jobs.put(None)
+            self._worker.thread.join(timeout=5)
             self._worker = None
+        if self.faults is not None:
+            self.faults.release.set()    # let an injected hang end with the device
 
     # --- jobs ----------------------------------------------------------------------------
     def submit(self, job: PrefillJob | DecodeJob) -> JobHandle:
@@ -112,7 +170,7 @@ class Device:
             for lane in job.lanes:
                 self._check_lane(lane)
         handle = JobHandle(job=job, id=next(self._ids), submitted_at=time.perf_counter())
-        self._queue.put(handle)
+        self._worker.jobs.put(handle)
         return handle
 
     def wait(self, handle: JobHandle, timeout: float | None = None) -> JobResult:
@@ -126,29 +184,75 @@ class Device:
         return self.wait(self.submit(job), timeout)
 
     # --- worker --------------------------------------------------------------------------
-    def _loop(self) -> None:
+    def _start_worker(self) -> None:
+        worker = _Worker(self._epoch, queue.Queue())
+        worker.thread = threading.Thread(target=self._loop, args=(worker,), name=f"calculet-device-{worker.epoch}",
+                                         daemon=True)
+        self._worker = worker
+        worker.thread.start()
+
+    def _loop(self, worker: _Worker) -> None:
+        self._local.epoch = worker.epoch
         while True:
-            handle = self._queue.get()
+            handle = worker.jobs.get()
             if handle is None:
-                return
+                break
+            worker.current = handle
             started = time.perf_counter()
             try:
                 result = self._execute(handle.job, queued=started - handle.submitted_at)
                 handle._finish(result=result)
+            except _Fenced:
+                pass                     # fence() has failed this job already
             except CalculetError as exc:
-                if isinstance(exc, DeviceError):
-                    self.healthy = False
+                self._failed(worker, isinstance(exc, DeviceError))
                 handle._finish(error=exc)
             except Exception as exc:  # an execution-provider failure: never let it kill the worker
-                self.healthy = False
+                self._failed(worker, True)
                 handle._finish(error=DeviceError("device_run_failed", f"{handle.job.kind} job failed on the device: {exc}"))
+            worker.current = None
+        if worker in self._fenced:
+            self._fenced.remove(worker)  # its sessions and buffers can go now
+
+    def _failed(self, worker: _Worker, device_error: bool) -> None:
+        if device_error and worker.epoch == self._epoch:   # a fenced worker's failure says nothing about the device now
+            self.healthy = False
+
+    @contextmanager
+    def _committing(self):
+        """Hold while writing lane state after a graph ran: a worker whose epoch has ended writes nothing."""
+        with self._commit:
+            epoch = getattr(self._local, "epoch", None)   # None: configure()'s warm-up on the caller's thread
+            if epoch is not None and epoch != self._epoch:
+                raise _Fenced
+            yield
 
     def _execute(self, job, queued: float) -> JobResult:
-        if self.faults is not None and self.faults.should_fail(job.kind):
-            raise DeviceError("injected_fault", f"injected {job.kind} failure ({self.faults.kind}:{self.faults.after})")
+        fault = self.faults.take(job.kind) if self.faults is not None else None
+        if fault is not None:
+            if fault.action == "fail":
+                raise DeviceError("injected_fault", f"injected {job.kind} failure ({fault})")
+            if fault.action == "alloc":
+                raise RuntimeError(f"[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory (injected, {fault})")
+            if fault.action == "hang":
+                self.faults.wait_released()
+            elif fault.action == "delay":
+                time.sleep(fault.delay_s)
         if isinstance(job, PrefillJob):
-            return self._prefill(job, queued)
-        return self._decode(job.lanes, job.tokens, queued, job.full_logits)
+            result = self._prefill(job, queued)
+        else:
+            result = self._decode(job.lanes, job.tokens, queued, job.full_logits)
+        if fault is not None and fault.action in ("nan", "inf"):
+            _corrupt(result, np.nan if fault.action == "nan" else np.inf)
+        _check_finite(result, job.kind)
+        return result
+
+    def _inject_load_fault(self) -> None:
+        fault = self.faults.take("load") if self.faults is not None else None
+        if fault is not None and fault.action == "delay":
+            time.sleep(fault.delay_s)
+        elif fault is not None:
+            raise DeviceError("session_create_failed", f"cannot create the sessions: injected load failure ({fault})")
 
     def _prefill(self, job: PrefillJob, queued: float) -> JobResult:
         lanes, program = self.lanes, self.program
@@ -162,25 +266,27 @@ class Device:
             raise RequestError("chunk_does_not_fit", f"{n} tokens at position {start} fit no prefill graph "
                                f"(chunks {program.chunk_sizes}, context {context}); split them with plan_chunks")
         t0 = time.perf_counter()
-        b = self._binding(f"prefill_{size}", job.lane)
-        ids = b.inputs["input_ids"]
-        ids.fill(0)
-        ids[0, :n] = job.tokens
-        b.inputs["seqlens_k"][0] = start + size - 1
-        if "total_seq_len" in b.inputs:  # in-place bodies only
-            b.inputs["total_seq_len"][...] = start + size
-        b.inputs["last_index"][0] = n - 1
+        with self._committing():   # the binding (and so the KV buffers) of the current epoch, or none
+            b = self._binding(f"prefill_{size}", job.lane)
+            ids = b.inputs["input_ids"]
+            ids.fill(0)
+            ids[0, :n] = job.tokens
+            b.inputs["seqlens_k"][0] = start + size - 1
+            if "total_seq_len" in b.inputs:  # in-place bodies only
+                b.inputs["total_seq_len"][...] = start + size
+            b.inputs["last_index"][0] = n - 1
         t1 = time.perf_counter()
         b.run(head=job.want_logits)
-        if not b.in_place:
-            lanes.write_new([job.lane], [start], [n], b.new_kv["new_keys"], b.new_kv["new_values"])
-        self._count_experts(b, slice(0, n))
-        t2 = time.perf_counter()
-        if job.want_logits:
-            result = self._fetch(b.head, [0], job.full_logits, queued, t1 - t0, t2 - t1, t2, f"prefill_{size}", size)
-        else:
-            result = JobResult(None, PhaseTimings(queued, t1 - t0, t2 - t1, 0.0, f"prefill_{size}", size))
-        lanes.advance(job.lane, n)
+        with self._committing():
+            if not b.in_place:
+                lanes.write_new([job.lane], [start], [n], b.new_kv["new_keys"], b.new_kv["new_values"])
+            self._count_experts(b, slice(0, n))
+            t2 = time.perf_counter()
+            if job.want_logits:
+                result = self._fetch(b.head, [0], job.full_logits, queued, t1 - t0, t2 - t1, t2, f"prefill_{size}", size)
+            else:
+                result = JobResult(None, PhaseTimings(queued, t1 - t0, t2 - t1, 0.0, f"prefill_{size}", size))
+            lanes.advance(job.lane, n)
         return result
 
     def _decode(self, job_lanes: tuple[int, ...], tokens: tuple[int, ...], queued: float, full_logits: bool) -> JobResult:
@@ -190,27 +296,29 @@ class Device:
                 raise RequestError("context_overflow", f"lane {lane} is full: {lanes.length(lane)} tokens = the context of {context}")
         t0 = time.perf_counter()
         graph = self.program.decode_graph_for(max(job_lanes) + 1)
-        b = self._binding(graph.name, 0)
-        ids, seqlens = b.inputs["input_ids"], b.inputs["seqlens_k"]
-        ids.fill(0)
-        # Rows of this graph not in the job still get a write: aim it at their next free position,
-        # which the lane's next real step overwrites (free lanes: position 0).
-        for lane in range(graph.lanes):
-            seqlens[lane] = min(lanes.length(lane), context - 1) if lanes.in_use(lane) else 0
-        rows = list(job_lanes)
-        ids[rows, 0] = tokens
-        if "total_seq_len" in b.inputs:
-            b.inputs["total_seq_len"][...] = int(seqlens.max()) + 1
+        with self._committing():   # the binding (and so the KV buffers) of the current epoch, or none
+            b = self._binding(graph.name, 0)
+            ids, seqlens = b.inputs["input_ids"], b.inputs["seqlens_k"]
+            ids.fill(0)
+            # Rows of this graph not in the job still get a write: aim it at their next free position,
+            # which the lane's next real step overwrites (free lanes: position 0).
+            for lane in range(graph.lanes):
+                seqlens[lane] = min(lanes.length(lane), context - 1) if lanes.in_use(lane) else 0
+            rows = list(job_lanes)
+            ids[rows, 0] = tokens
+            if "total_seq_len" in b.inputs:
+                b.inputs["total_seq_len"][...] = int(seqlens.max()) + 1
         t1 = time.perf_counter()
         b.run()
-        if not b.in_place:
-            lanes.write_new(rows, [lanes.length(lane) for lane in rows], [1] * len(rows),
-                            b.new_kv["new_keys"][:, rows], b.new_kv["new_values"][:, rows])
-        self._count_experts(b, rows)
-        t2 = time.perf_counter()
-        result = self._fetch(b.head, rows, full_logits, queued, t1 - t0, t2 - t1, t2, graph.name, graph.lanes)
-        for lane in job_lanes:
-            lanes.advance(lane, 1)
+        with self._committing():
+            if not b.in_place:
+                lanes.write_new(rows, [lanes.length(lane) for lane in rows], [1] * len(rows),
+                                b.new_kv["new_keys"][:, rows], b.new_kv["new_values"][:, rows])
+            self._count_experts(b, rows)
+            t2 = time.perf_counter()
+            result = self._fetch(b.head, rows, full_logits, queued, t1 - t0, t2 - t1, t2, graph.name, graph.lanes)
+            for lane in job_lanes:
+                lanes.advance(lane, 1)
         return result
 
     def _count_experts(self, b, rows) -> None:
@@ -264,3 +372,19 @@ class Device:
         for t in tokens:
             if not 0 <= t < vocab:
                 raise RequestError("bad_token", f"token id {t} is outside the vocabulary 0..{vocab - 1}")
+
+
+def _corrupt(result: JobResult, value: float) -> None:
+    """Fault injection: the job's output as a broken kernel would leave it."""
+    for array in (result.logits, result.topk_values):
+        if array is not None:
+            array[...] = value
+
+
+def _check_finite(result: JobResult, kind: str) -> None:
+    """NaN or +inf logits are a device failure, never sampled. One pass over the rows it fetched (the
+    max propagates NaN and +inf; -inf alone is a legitimately banned token)."""
+    for name, array in (("logits", result.logits), ("candidate logits", result.topk_values)):
+        if array is not None and array.size and not np.isfinite(array.max(axis=-1)).all():
+            raise DeviceError("bad_output", f"the {kind} job's {name} hold NaN or infinity: the device computed garbage; "
+                              f"its requests fail and the device is reset")

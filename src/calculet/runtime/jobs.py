@@ -73,5 +73,12 @@ class JobHandle:
         return self._done.is_set()
 
     def _finish(self, result: JobResult | None = None, error: CalculetError | None = None) -> None:
-        self._result, self._error = result, error
-        self._done.set()
+        """The first outcome wins: a job failed by a fence stays failed if its worker returns later."""
+        with _FINISH_LOCK:
+            if self._done.is_set():
+                return
+            self._result, self._error = result, error
+            self._done.set()
+
+
+_FINISH_LOCK = threading.Lock()

@@ -19,13 +19,18 @@ class Lanes:
     def __init__(self, kv: KVLayout):
         self.layout = kv
         # One array per K and V: [layers, B, Nkv, C, D]; per-layer views [B, Nkv, C, D] for the graphs.
+        self.renew_buffers()
+        self._in_use = [False] * kv.lanes
+        self._length = [0] * kv.lanes
+        self._lock = threading.Lock()
+
+    def renew_buffers(self) -> None:
+        """Fresh, zeroed KV buffers (after a fence: a stuck graph may still write into the old ones)."""
+        kv = self.layout
         self.all_keys = np.zeros((kv.num_layers, *kv.shape), np.float32)
         self.all_values = np.zeros((kv.num_layers, *kv.shape), np.float32)
         self.keys = list(self.all_keys)
         self.values = list(self.all_values)
-        self._in_use = [False] * kv.lanes
-        self._length = [0] * kv.lanes
-        self._lock = threading.Lock()
 
     @property
     def count(self) -> int:

@@ -15,8 +15,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from calculet import __version__
 from calculet.errors import CalculetError, RequestError
 from calculet.server import params
-from calculet.server.errors import error_response, status_of, validation_message
+from calculet.server.errors import error_response, parse_error, status_of, validation_message
 from calculet.server.metrics import CONTENT_TYPE
+from calculet.server.limits import MIN_BODY_BYTES, BodyLimit, check_text_length, default_max_body_bytes
+from calculet.server.offload import TextPool
 from calculet.server.openai_format import ChatFormat, CompletionFormat
 from calculet.server.responses import EngineCall, respond, stream
 from calculet.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -40,8 +42,16 @@ def create_app(config, host, metrics) -> FastAPI:
     """config: ServerConfig; host: ModelHost; metrics: ServerMetrics."""
     app = FastAPI(title="Calculet", version=__version__, description="OpenAI-compatible server over a calbin")
     key = config.api_key.encode() if config.api_key else None
+    text = app.state.text_pool = TextPool()   # tokenizing and templating run here, never on the event loop
 
-    def authorized(request: Request) -> None:
+    def body_limit() -> int:
+        if config.max_body_bytes is not None:
+            return config.max_body_bytes
+        return default_max_body_bytes(host.model.context) if host.model is not None else MIN_BODY_BYTES
+
+    app.add_middleware(BodyLimit, limit=body_limit, on_reject=lambda: metrics.http_errors.labels("413").inc())
+
+    async def authorized(request: Request) -> None:  # async: no thread-pool hop per request
         if key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -62,6 +72,8 @@ def create_app(config, host, metrics) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.__cause__ is not None:   # FastAPI could not parse the body
+            return answer_error(parse_error(exc.__cause__))
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         metrics.http_errors.labels(str(exc.status_code)).inc()
         return JSONResponse({"error": {"message": str(exc.detail), "type": "invalid_request_error", "code": code,
@@ -99,9 +111,13 @@ def create_app(config, host, metrics) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         m = host.require()
         params.check_model(body.model, m.name)
-        prompt_ids = params.completion_prompt(body, m.tokenizer)
+        if isinstance(body.prompt, str):
+            check_text_length(len(body.prompt), m.max_prompt_chars, m.context)
+        prompt_ids = await text.run(params.completion_prompt, body, m.tokenizer)
         gen = params.completion_request(body, prompt_ids, m.context, config.request_timeout_s)
-        echo = (body.prompt if isinstance(body.prompt, str) else m.tokenizer.decode(prompt_ids)) if body.echo else ""
+        echo = ""
+        if body.echo:
+            echo = body.prompt if isinstance(body.prompt, str) else await text.run(m.tokenizer.decode, prompt_ids)
         fmt = CompletionFormat(m.name, m.tokenizer, body.return_token_ids, echo_text=echo if body.stream else "")
         return await _answer(EngineCall(m.engine, gen), fmt, gen.n, body, request, prefix=echo)
 
@@ -109,7 +125,8 @@ def create_app(config, host, metrics) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         m = host.require()
         params.check_model(body.model, m.name)
-        prompt_ids = params.chat_prompt(body.messages, m)
+        check_text_length(params.chat_chars(body.messages), m.max_prompt_chars, m.context, "messages")
+        prompt_ids = await text.run(params.chat_prompt, body.messages, m)
         gen = params.chat_request(body, prompt_ids, m.context, config.request_timeout_s, m.chat.stop_token_ids)
         fmt = ChatFormat(m.name, m.tokenizer, body.return_token_ids)
         return await _answer(EngineCall(m.engine, gen), fmt, gen.n, body, request)
@@ -121,9 +138,11 @@ def create_app(config, host, metrics) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise RequestError("invalid_parameter", "give exactly one of prompt (text) or messages (chat)")
         if body.messages is not None:
-            ids = params.chat_prompt(body.messages, m)
+            check_text_length(params.chat_chars(body.messages), m.max_prompt_chars, m.context, "messages")
+            ids = await text.run(params.chat_prompt, body.messages, m)
         else:
-            ids = m.tokenizer.encode(body.prompt, add_bos=None if body.add_special_tokens else False)
+            check_text_length(len(body.prompt), m.max_prompt_chars, m.context)
+            ids = await text.run(m.tokenizer.encode, body.prompt, add_bos=None if body.add_special_tokens else False)
         return {"tokens": ids, "count": len(ids), "max_model_len": m.context}
 
     @app.post("/detokenize", dependencies=guard, tags=["admin"])
@@ -134,6 +153,6 @@ def create_app(config, host, metrics) -> FastAPI:
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             raise RequestError("invalid_parameter", f"tokens has token id {bad[0]}; allowed: 0 <= id <= {vocab - 1}")
-        return {"prompt": m.tokenizer.decode(body.tokens)}
+        return {"prompt": await text.run(m.tokenizer.decode, body.tokens)}
 
     return app

@@ -23,6 +23,15 @@ def add_parser(sub) -> None:
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="chat template for /v1/chat/completions: a built-in (gemma, chatml, qwen, llama3) or a Jinja "
                         "file (default: the model's own, else the built-in for its family)")
+    p.add_argument("--max-body-bytes", type=int, default=None, metavar="N",
+                   help="largest request body; bigger ones get 413 before they are read (default: max(1 MiB, 64 B x "
+                        "context), enough for a full context of text)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM/Ctrl-C: stop admitting (503), let running requests finish for up to S seconds, then "
+                        "end the rest with an error event (default 30)")
+    p.add_argument("--job-timeout", type=float, default=ServerConfig.job_timeout_s, metavar="S",
+                   help="a device job running longer than S seconds counts as hung: its requests fail with a device "
+                        "error and a fresh worker takes over (default %(default)s)")
     from calculet.runtime.providers import add_provider_arguments
 
     add_provider_arguments(p)
@@ -37,5 +46,6 @@ def serve(args) -> int:
                           max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens, request_timeout_s=args.request_timeout,
                           served_model_name=args.served_model_name, threads=args.threads,
                           chat_template=args.chat_template, provider=args.provider,
-                          provider_options=parse_provider_options(args.provider_option))
+                          provider_options=parse_provider_options(args.provider_option), max_body_bytes=args.max_body_bytes,
+                          drain_timeout_s=args.drain_timeout, job_timeout_s=args.job_timeout)
     return run_server(config)

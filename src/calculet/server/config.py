@@ -26,11 +26,19 @@ class ServerConfig:
     chat_template: str | None = None       # a built-in name (gemma, chatml, qwen, llama3) or a Jinja file
     provider: str = "cpu"                  # runtime.providers.PROVIDERS key
     provider_options: tuple[tuple[str, str], ...] = ()
+    max_body_bytes: int | None = None      # None: derived from the context (server/limits.py)
+    drain_timeout_s: float = 30.0          # on SIGTERM, how long running requests may take to finish
+    job_timeout_s: float = 600.0           # a device job running longer counts as hung (device error);
+                                           # = runtime.device.JOB_TIMEOUT_S, not imported so `serve --help` stays light
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
             raise RequestError("bad_option", f"--port must be in 0..65535, got {self.port}")
         self.engine_config()  # the engine checks its own options
+        if self.max_body_bytes is not None and self.max_body_bytes < 1024:
+            raise RequestError("bad_option", f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
+        if not 0 <= self.drain_timeout_s <= 3600:
+            raise RequestError("bad_option", f"--drain-timeout must be in 0..3600 seconds, got {self.drain_timeout_s}")
         if self.threads < 0:
             raise RequestError("bad_option", f"--threads must be >= 0 (0 = all cores), got {self.threads}")
         self.device_config()  # the runtime checks the provider name and options' form
@@ -47,7 +55,8 @@ class ServerConfig:
         return (f"ServerConfig(model={self.model!r}, host={self.host!r}, port={self.port}, api_key={key}, "
                 f"max_queue={self.max_queue}, max_prefill_tokens={self.max_prefill_tokens}, request_timeout_s={self.request_timeout_s}, "
                 f"served_model_name={self.served_model_name!r}, threads={self.threads}, chat_template={self.chat_template!r}, "
-                f"provider={self.provider!r}, provider_options={self.provider_options!r})")
+                f"provider={self.provider!r}, provider_options={self.provider_options!r}, "
+                f"max_body_bytes={self.max_body_bytes}, drain_timeout_s={self.drain_timeout_s}, job_timeout_s={self.job_timeout_s})")
 
     def device_config(self):
         """The runtime's share: provider, its options and threads (validated by DeviceConfig)."""
@@ -60,7 +69,7 @@ class ServerConfig:
         from calculet.engine.engine import EngineConfig
 
         return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
-                            request_timeout_s=self.request_timeout_s)
+                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s)
 
     @property
     def url(self) -> str:

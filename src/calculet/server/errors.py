@@ -56,6 +56,10 @@ def validation_message(errors: list[dict]) -> RequestError:
     path = _field_path(first)
     if first.get("type") == "missing":
         return RequestError("missing_parameter", f"{path or 'body'}: this field is required")
+    # a check on the value (valid Unicode, ...) says more than "none of the union's types fit"
+    value = next((e for e in errors if e.get("type") == "value_error"), None)
+    if value is not None:
+        return RequestError("invalid_value", f"{_field_path(value) or 'body'}: {value['msg'].removeprefix('Value error, ')}")
     # a union (prompt: str | list[int]) reports one error per member, each tagged with its type
     members = [_union_member(e) for e in errors if _field_path(e) == path]
     members = [m for m in members if m]
@@ -84,5 +88,21 @@ def _field_path(error: dict) -> str:
     return ".".join(out)
 
 
+_VALIDATED = re.compile(r"function-(?:after|before|wrap|plain)\[[^,\]]*, ([^\]]+)\]")
+
+
 def _union_member(error: dict) -> str | None:
-    return next((p for p in error.get("loc", ()) if _is_tag(p)), None)
+    """The union member an error belongs to, as a type name: `function-after[_check(), str]` reads `str`."""
+    tag = next((p for p in error.get("loc", ()) if _is_tag(p)), None)
+    return _VALIDATED.sub(r"\1", tag) if tag else None
+
+
+def parse_error(cause: BaseException) -> RequestError:
+    """Why FastAPI could not parse a JSON body (it reports them all as one 400) -> a message that says it."""
+    if isinstance(cause, UnicodeDecodeError):
+        return RequestError("invalid_json", f"the request body is not valid UTF-8 (byte {cause.object[cause.start]:#04x} at "
+                            f"offset {cause.start}); send JSON as UTF-8 text")
+    if isinstance(cause, RecursionError):
+        return RequestError("invalid_json", "the request body nests arrays or objects too deeply; allowed: well under "
+                            "1000 levels")
+    return RequestError("invalid_json", f"the request body is not valid JSON: {type(cause).__name__}: {str(cause)[:200]}")

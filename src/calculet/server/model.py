@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from calculet.errors import CalculetError, DeviceError, ModelError
+from calculet.server.limits import max_prompt_chars, max_token_chars
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ class LoadedModel:
     context: int
     lanes: int
     created: int               # unix time the model became ready
+    max_prompt_chars: int      # longer prompt text cannot fit the context (server/limits.py)
 
 
 class ModelHost:
@@ -34,6 +36,7 @@ class ModelHost:
         self.model: LoadedModel | None = None
         self._device = None
         self.loaded = threading.Event()      # set when ready or failed
+        self.draining = threading.Event()    # set on SIGTERM (server/drain.py): no new requests
 
     def load(self) -> None:
         """Compile (once, cached) if needed, load and configure the device, start the engine."""
@@ -80,10 +83,14 @@ class ModelHost:
         self.metrics.watch(engine.snapshot, lambda: engine.healthy)
         engine.start()
         source = device.program.manifest.model.source.path
-        return LoadedModel(cfg.model_name(calbin, source), engine, tokenizer, chat, problem,
-                           device.lanes.context, device.lanes.count, int(time.time()))
+        context = device.lanes.context
+        return LoadedModel(cfg.model_name(calbin, source), engine, tokenizer, chat, problem, context, device.lanes.count,
+                           int(time.time()), max_prompt_chars(context, max_token_chars(tokenizer)))
 
     def require(self) -> LoadedModel:
+        if self.draining.is_set():
+            raise DeviceError("shutting_down", "the server is shutting down and admits no new requests; retry on "
+                              "another instance")
         if self.model is None:
             if self.state == "failed":
                 raise DeviceError("model_unavailable", f"the model failed to load: {self.error}")
@@ -92,11 +99,13 @@ class ModelHost:
 
     def health(self) -> tuple[bool, dict]:
         if self.model is None:
-            return False, {"status": self.state}
+            return False, {"status": "draining" if self.draining.is_set() else self.state}
         engine = self.model.engine
         snap = engine.snapshot()
         ok = engine.healthy
         status = "ok" if ok else ("recovering" if snap.state in ("ready", "recovering") else snap.state)
+        if self.draining.is_set():
+            ok, status = False, "draining"
         return ok, {"status": status, "model": self.model.name, "lanes_in_use": snap.lanes_in_use,
                     "lanes_free": snap.lanes_free, "requests_running": snap.running, "requests_waiting": snap.waiting}
 

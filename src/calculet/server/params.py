@@ -57,6 +57,18 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
     return out
 
 
+def chat_chars(messages: list[ChatMessage]) -> int:
+    """Characters of text in the messages (what the template will put into the prompt, less its markup)."""
+    total = 0
+    for m in messages:
+        if isinstance(m.content, list):
+            total += sum(len(part.text or "") for part in m.content)
+        else:
+            total += len(m.content or "")
+        total += len(m.name or "")
+    return total
+
+
 def chat_prompt(messages: list[ChatMessage], model) -> list[int]:
     if model.chat is None:
         raise RequestError("no_chat_template", f"chat completions need a chat template: {model.chat_problem}")

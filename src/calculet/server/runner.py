@@ -1,5 +1,6 @@
 """Run the server: bind at once (so /health can say "loading"), load the model in the background,
-log one line with the URL when both are ready. A model that fails to load ends the process (exit 2)."""
+log one line with the URL when both are ready. A model that fails to load ends the process (exit 2).
+SIGTERM and Ctrl-C drain (server/drain.py) and exit 0."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def run_server(config) -> int:
     import uvicorn
 
     from calculet.server.app import create_app
+    from calculet.server.drain import Drain
     from calculet.server.metrics import ServerMetrics
     from calculet.server.model import ModelHost
 
@@ -38,11 +40,19 @@ def run_server(config) -> int:
         threading.Thread(target=_load_then_announce, name="calculet-load", daemon=True).start()
         yield
         host.close()
+        app.state.text_pool.close()
 
     app = create_app(config, host, metrics)
     app.router.lifespan_context = lifespan
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=5))
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
+                               timeout_graceful_shutdown=5)   # after the drain: time to write the last frames
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame):  # instead of uvicorn's: drain first, and do not re-raise the signal
+            drain.signal(sig)
+
+    server = DrainingServer(uv_config)
+    drain = Drain(host, config.drain_timeout_s, stop_server=lambda: setattr(server, "should_exit", True))
 
     def _load_then_announce() -> None:
         t0 = time.perf_counter()
