@@ -1,0 +1,113 @@
+"""`calculet reference make`, `calculet compare`, `calculet eval perplexity`.
+
+    calculet reference make [SOURCE] -o ref.npz --prompts 100 --tokens 32 [--long] [--context C]
+    calculet compare model.calbin --reference ref.npz [--calbin2 other.calbin] [--min-agreement 0.9]
+    calculet compare model.calbin --probe [--source SOURCE]
+    calculet eval perplexity model.calbin [--text FILE] | --reference SOURCE
+
+Exit codes: 0 pass, 1 a threshold failed, 2 bad input or a failed run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_parser(sub) -> None:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    ref = sub.add_parser("reference", help="reference sets from the transformers model (reference extra)")
+    ref_sub = ref.add_subparsers(dest="reference_command", metavar="ACTION")
+    make = ref_sub.add_parser("make", help="greedy tokens and per-step top-k logits for many prompts", formatter_class=fmt)
+    make.add_argument("source", nargs="?", default=None, help="Hugging Face folder or .gguf file; omit for the embedded default model")
+    make.add_argument("-o", "--output", default="reference.npz", help="output .npz file")
+    make.add_argument("--prompts", type=int, default=100, help="number of distinct prompts")
+    make.add_argument("--tokens", type=int, default=32, help="greedy steps per prompt")
+    make.add_argument("--topk", type=int, default=10, help="logits kept per step")
+    make.add_argument("--long", action="store_true", help="add prompts of 4095-4097 tokens (slow on large models)")
+    make.add_argument("--context", type=int, default=None,
+                      help="the served context: skip prompts that cannot run in it and add the two longest that can")
+    make.add_argument("--lengths", default=None, help="comma-separated prompt lengths instead of the default plan")
+    make.set_defaults(func=run_reference_make)
+    ref.set_defaults(func=lambda args: (ref.print_help(), 2)[1])
+
+    cmp_ = sub.add_parser("compare", help="a calbin (or two) against a reference set; --probe localizes a divergence",
+                          formatter_class=fmt)
+    cmp_.add_argument("calbin", help="calbin folder")
+    cmp_.add_argument("--reference", default=None, help="reference set (.npz from `calculet reference make`)")
+    cmp_.add_argument("--calbin2", default=None, help="a second calbin scored against the same set")
+    cmp_.add_argument("--min-agreement", type=float, default=None, help="exit 1 when teacher-forced agreement is below")
+    cmp_.add_argument("--min-topk-overlap", type=float, default=None, help="exit 1 when the mean top-k overlap is below")
+    cmp_.add_argument("--batch", type=int, default=1,
+                      help="prompts decoded together (1: the numbers a lone request gets; more is faster)")
+    cmp_.add_argument("--worst", type=int, default=10, help="worst prompts listed per calbin")
+    cmp_.add_argument("--json", default=None, metavar="FILE", help="write the full report as JSON ('-': stdout, no table)")
+    cmp_.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: all cores)")
+    cmp_.add_argument("--probe", action="store_true",
+                      help="compare per-module hidden states of a calbin compiled with --probes against the reference")
+    cmp_.add_argument("--source", default=None, help="with --probe: the model source (default: the path in the manifest)")
+    cmp_.add_argument("--probe-threshold", type=float, default=0.05,
+                      help="with --probe: relative error a module must exceed to be named")
+    cmp_.add_argument("--probe-jump", type=float, default=4.0,
+                      help="with --probe: ... and how many times the largest error before it")
+    cmp_.set_defaults(func=run_compare)
+
+
+def _progress(total: int, desc: str, unit: str):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit=unit, leave=False, mininterval=0.5, delay=1.0, file=sys.stderr)
+
+
+def _lengths(text: str | None) -> tuple[int, ...] | None:
+    from calculet.errors import RequestError
+
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise RequestError("bad_option", f"--lengths must be comma-separated integers like 1,2,16, got {text!r}") from None
+
+
+def run_reference_make(args) -> int:
+    from calculet.reference.sets import make_reference_set, write_reference_set
+    from calculet.sources.resolve import load_source
+
+    source = load_source(args.source)
+    with _progress(args.prompts, "reference (transformers fp32)", "prompt") as bar:
+        refset = make_reference_set(source, args.prompts, args.tokens, args.topk, long=args.long, context=args.context,
+                                    lengths=_lengths(args.lengths), progress=bar)
+    path = write_reference_set(refset, args.output)
+    lengths = sorted({p.input_ids.size for p in refset.prompts})
+    print(f"wrote {path}: {len(refset.prompts)} prompts x {refset.tokens} tokens, top-{refset.topk}; "
+          f"lengths {lengths[:12]}{' ...' if len(lengths) > 12 else ''}; {len(refset.skipped)} lengths skipped")
+    return 0
+
+
+def run_compare(args) -> int:
+    from calculet.errors import RequestError
+    from calculet.numerics.compare import Thresholds, compare_calbin
+    from calculet.numerics.render import render
+    from calculet.reference.sets import read_reference_set
+
+    th = Thresholds(args.min_agreement, args.min_topk_overlap)
+    if args.probe:
+        from calculet.numerics.probe_cli import run_probe
+        return run_probe(args)
+    if args.reference is None:
+        raise RequestError("bad_option", "compare needs --reference FILE (a set from `calculet reference make`), or --probe")
+    refset = read_reference_set(args.reference)
+    reports = []
+    for path in [args.calbin] + ([args.calbin2] if args.calbin2 else []):
+        with _progress(len(refset.prompts), f"compare {path}", "prompt") as bar:
+            reports.append(compare_calbin(path, refset, args.batch, args.threads, bar))
+    doc = {"reports": [r.to_dict(th) for r in reports], "passed": all(not r.failures(th) for r in reports)}
+    if args.json == "-":
+        print(json.dumps(doc, indent=1))
+    else:
+        print(render(reports, th, args.worst))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+    return 0 if doc["passed"] else 1
