@@ -71,9 +71,10 @@ def _lengths(text: str | None) -> tuple[int, ...] | None:
 
 
 def run_reference_make(args) -> int:
-    from calculet.reference.sets import make_reference_set, write_reference_set
+    from calculet.reference.sets import check_output_path, make_reference_set, write_reference_set
     from calculet.sources.resolve import load_source
 
+    check_output_path(args.output)  # before the (long) reference run
     source = load_source(args.source)
     with _progress(args.prompts, "reference (transformers fp32)", "prompt") as bar:
         refset = make_reference_set(source, args.prompts, args.tokens, args.topk, long=args.long, context=args.context,

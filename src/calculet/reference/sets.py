@@ -207,10 +207,15 @@ def make_reference_set(source, n_prompts: int = DEFAULT_PROMPTS, tokens: int = D
 # ---------------------------------------------------------------------------------------------- I/O
 
 
-def write_reference_set(refset: ReferenceSet, path: str | Path) -> Path:
+def check_output_path(path: str | Path) -> Path:
     path = Path(path)
     if path.suffix != ".npz":
         raise RequestError("bad_option", f"{path}: a reference set is an .npz file; name it e.g. reference.npz")
+    return path
+
+
+def write_reference_set(refset: ReferenceSet, path: str | Path) -> Path:
+    path = check_output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"schema": SET_SCHEMA, "source": refset.source, "tokens": refset.tokens, "topk": refset.topk,
             "names": [p.name for p in refset.prompts], "groups": [p.group for p in refset.prompts],
