@@ -53,6 +53,22 @@ def add_parser(sub) -> None:
                       help="with --probe: ... and how many times the largest error before it")
     cmp_.set_defaults(func=run_compare)
 
+    ev = sub.add_parser("eval", help="model quality measurements")
+    ev_sub = ev.add_subparsers(dest="eval_command", metavar="MEASURE")
+    ppl = ev_sub.add_parser("perplexity", help="sliding-window perplexity of a calbin and/or the transformers reference",
+                            formatter_class=fmt)
+    ppl.add_argument("calbin", nargs="?", default=None, help="calbin folder (omit to score only --reference)")
+    ppl.add_argument("--reference", default=None, metavar="SOURCE",
+                     help="also score the transformers fp32 model of SOURCE (HF folder or .gguf; 'default': the embedded model)")
+    ppl.add_argument("--text", default=None, help="UTF-8 text file (default: the English pydoc_data text of this Python)")
+    ppl.add_argument("--max-tokens", type=int, default=4096, help="score the first N tokens of the text (0: all)")
+    ppl.add_argument("--window", type=int, default=None, help="window length in tokens (default: the calbin's context, else 1024)")
+    ppl.add_argument("--stride", type=int, default=None, help="tokens between window starts (default: window / 2)")
+    ppl.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: all cores)")
+    ppl.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON ('-': stdout)")
+    ppl.set_defaults(func=run_perplexity)
+    ev.set_defaults(func=lambda args: (ev.print_help(), 2)[1])
+
 
 def _progress(total: int, desc: str, unit: str):
     from tqdm import tqdm
@@ -112,3 +128,72 @@ def run_compare(args) -> int:
             with open(args.json, "w") as f:
                 json.dump(doc, f, indent=1)
     return 0 if doc["passed"] else 1
+
+
+def _text(path: str | None) -> tuple[str, str]:
+    from calculet.reference.texts import english_docs_text
+
+    if path is None:
+        return english_docs_text(), f"pydoc_data.topics (Python {sys.version.split()[0]})"
+    with open(path, encoding="utf-8") as f:
+        return f.read(), path
+
+
+def run_perplexity(args) -> int:
+    from calculet.errors import RequestError
+    from calculet.numerics import perplexity as P
+
+    if args.calbin is None and args.reference is None:
+        raise RequestError("bad_option", "give a CALBIN, --reference SOURCE, or both")
+    text, text_name = _text(args.text)
+    device = tokenizer_json = bos = None
+    results = []
+    try:
+        if args.calbin is not None:
+            from calculet.runtime.device import Device
+            from calculet.runtime.program import DeviceConfig
+
+            device = Device(DeviceConfig(threads=args.threads))
+            device.configure(device.load(args.calbin))
+            tok = device.program.manifest.tokenizer
+            tokenizer_json = (device.program.path / tok.file).read_text()
+            bos = tok.bos_token_id if tok.add_bos_token else None
+        source = model = None
+        if args.reference is not None:
+            from calculet.reference.hf import build_reference_model
+            from calculet.reference.prompts import bos_id_for
+            from calculet.sources.resolve import load_source
+
+            source = load_source(None if args.reference == "default" else args.reference)
+            model = build_reference_model(source)
+            if tokenizer_json is None:  # a calbin's tokenizer wins, so both score the same ids
+                tokenizer_json, bos = source.tokenizer_json, bos_id_for(source)
+        window = args.window or (device.lanes.context if device is not None else 1024)
+        stride = args.stride or max(1, window // 2)
+        ids = P.text_ids(tokenizer_json, text, bos, args.max_tokens)
+        windows = P.plan_windows(len(ids), window, stride)
+        scored = sum(w.end - w.score_from for w in windows)
+        if device is not None:
+            with _progress(scored, f"perplexity {args.calbin}", "tok") as bar:
+                lps = P.calbin_logprobs(device, ids, windows, bar)
+            policy = device.program.manifest.quantization.get("policy", "?")
+            results.append(P.result(f"{args.calbin} ({policy})", lps, window, stride))
+        if model is not None:
+            with _progress(scored, "perplexity (transformers fp32)", "tok") as bar:
+                lps = P.reference_logprobs(model, ids, windows, bar)
+            results.append(P.result(f"{source.path} (transformers fp32)", lps, window, stride))
+    finally:
+        if device is not None:
+            device.close()
+    doc = {"text": text_name, "tokens": len(ids), "window": window, "stride": stride,
+           "results": [r.to_dict() for r in results]}
+    if args.json == "-":
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(f"text: {text_name}, {len(ids)} tokens, window {window}, stride {stride}, {len(windows)} windows")
+    for r in results:
+        print(f"  {r.model:60} perplexity {r.perplexity:10.4f}   nll/token {r.nll:.5f}   ({r.tokens_scored} scored)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
