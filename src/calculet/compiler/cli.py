@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
     p.add_argument("--fuse", action="append", metavar="NAME", help="enable a fusion pass (default: all)")
     p.add_argument("--no-fuse", action="append", metavar="NAME", help="disable a fusion pass (sampling-head, or all)")
     p.add_argument("--no-golden", action="store_true", help="skip the reference run that records golden/")
+    p.add_argument("--probes", action="store_true",
+                   help="debug build: every module's output (embedding, norms, attention, MLP, each layer) is also a "
+                        "graph output, for `calculet compare --probe`")
     p.set_defaults(func=run)
 
 
@@ -35,6 +38,6 @@ def run(args) -> int:
     options = CompileOptions(lanes=args.lanes, context=args.context, prefill_chunks=parse_chunks(args.prefill_chunks),
                              target=args.target, weights=args.weights, block_size=args.block_size, golden=not args.no_golden,
                              decode_lanes=parse_chunks(args.decode_lanes) if args.decode_lanes else (),
-                             fusions=parse_fusions(args.fuse, args.no_fuse))
+                             fusions=parse_fusions(args.fuse, args.no_fuse), probes=args.probes)
     compile_calbin(args.source, args.output, options)
     return 0

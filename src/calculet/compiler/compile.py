@@ -7,7 +7,7 @@ failure never leaves a half-written calbin.
 from __future__ import annotations
 
 import platform
-from dataclasses import asdict
+from dataclasses import asdict, replace
 import shutil
 import tempfile
 import time
@@ -97,9 +97,11 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     in_place = options.target == "cpu"  # standard ONNX cannot update an input in place
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
                                 options.decode_lanes, options.sampling_head_k, in_place)
-    for gs in signatures:
-        onnx.save_model(G.build_graph(spec, gs, weights, rope, options.target, options.fusions),
-                        str(folder / gs.file))
+    for n, gs in enumerate(signatures):
+        model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes)
+        if options.probes:  # the manifest lists every output, the probes too
+            signatures[n] = gs = replace(gs, outputs=gs.outputs + G.probe_outputs(model))
+        onnx.save_model(model, str(folder / gs.file))
 
     kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim,
                   in_place)

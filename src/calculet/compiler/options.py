@@ -33,6 +33,7 @@ class CompileOptions:
     golden_tokens: int = 32
     decode_lanes: tuple[int, ...] = (1,)     # extra decode batch sizes besides `lanes`
     fusions: frozenset[str] = frozenset(FUSIONS)
+    probes: bool = False         # debug build: every module's output is also a graph output (compare --probe)
 
     def cache_key(self) -> str:
         """Stable across processes (a frozenset's repr order is not)."""

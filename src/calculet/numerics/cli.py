@@ -51,6 +51,8 @@ def add_parser(sub) -> None:
                       help="with --probe: relative error a module must exceed to be named")
     cmp_.add_argument("--probe-jump", type=float, default=4.0,
                       help="with --probe: ... and how many times the largest error before it")
+    cmp_.add_argument("--probe-tokens", type=int, default=None,
+                      help="with --probe: prompt length (default: the largest prefill chunk, at most 64)")
     cmp_.set_defaults(func=run_compare)
 
     ev = sub.add_parser("eval", help="model quality measurements")
@@ -110,7 +112,6 @@ def run_compare(args) -> int:
 
     th = Thresholds(args.min_agreement, args.min_topk_overlap)
     if args.probe:
-        from calculet.numerics.probe_cli import run_probe
         return run_probe(args)
     if args.reference is None:
         raise RequestError("bad_option", "compare needs --reference FILE (a set from `calculet reference make`), or --probe")
@@ -197,3 +198,43 @@ def run_perplexity(args) -> int:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     return 0
+
+
+def _probe_ids(program, n: int | None) -> list[int]:
+    """A prompt of natural text (several passages) in the calbin's own tokenizer, BOS first when used."""
+    from tokenizers import Tokenizer
+
+    from calculet.errors import RequestError
+    from calculet.reference.texts import PASSAGES
+
+    largest = program.prefill_graphs[-1].tokens
+    n = n if n is not None else min(largest, 64)
+    if not 1 <= n <= largest:
+        raise RequestError("bad_option", f"--probe-tokens must be in 1..{largest} (the largest prefill chunk), got {n}")
+    tok = program.manifest.tokenizer
+    tokenizer = Tokenizer.from_str((program.path / tok.file).read_text())
+    ids = [tok.bos_token_id] if tok.add_bos_token and tok.bos_token_id is not None else []
+    ids += tokenizer.encode("\n\n".join(body for _, body in PASSAGES), add_special_tokens=False).ids
+    return [t for t in ids if t < program.vocab_size][:n]
+
+
+def run_probe(args) -> int:
+    from calculet.errors import RequestError
+    from calculet.numerics.probe import probe_calbin
+    from calculet.runtime.program import Program
+    from calculet.sources.resolve import load_source
+
+    program = Program(args.calbin)
+    source_path = args.source or program.manifest.model.get("source", {}).get("path")
+    if not source_path:
+        raise RequestError("bad_option", "--probe needs the model source: pass --source SOURCE")
+    ids = _probe_ids(program, args.probe_tokens)
+    report = probe_calbin(args.calbin, load_source(source_path), ids, args.probe_threshold, args.probe_jump, args.threads)
+    if args.json == "-":
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        print(report.render())
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report.to_dict(), f, indent=1)
+    return 0 if report.first_bad is None else 1

@@ -274,3 +274,38 @@ def reference_position_logprobs(model, input_ids: list[int], chunk: int = 128) -
             target = ids[0, start + 1:stop + 1]
             out[start:stop] = logp.gather(1, target[:, None])[:, 0].numpy()
     return out
+
+
+def reference_module_outputs(model, input_ids: list[int], modules: list[str]) -> dict[str, np.ndarray]:
+    """float32 [n, width] per named module: its forward output over the prompt, captured by hooks.
+
+    Names are the model's own (`model.layers.3.mlp`); a module returning a tuple (attention returns
+    (output, weights)) contributes its first element; per-head outputs [1, n, heads, D] or
+    [1, heads, n, D] are flattened to [n, heads * D] (when heads == n the first layout is assumed)."""
+    torch, _ = _require_torch()
+    _check_ids(model, input_ids)
+    captured: dict[str, np.ndarray] = {}
+    handles = []
+    n = len(input_ids)
+
+    def hook(name):
+        def save(_module, _args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            if out.dim() == 4 and out.shape[2] == n and out.shape[1] != n:  # [1, heads, n, D] (Gemma 3's q/k norms)
+                out = out.transpose(1, 2)
+            captured[name] = out.detach().float().reshape(out.shape[0] * out.shape[1], -1).numpy().copy()
+        return save
+
+    try:
+        for name in modules:
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:
+                raise ModelError("reference_no_module", f"the reference model has no module {name!r}") from None
+            handles.append(module.register_forward_hook(hook(name)))
+        with torch.inference_mode():
+            model(torch.tensor([list(input_ids)], dtype=torch.long), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
