@@ -16,6 +16,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from calculet.calbin.provenance import Provenance
 from calculet.errors import ModelError
 
 SCHEMA_VERSION = "calculet.calbin/1"
@@ -96,6 +97,7 @@ class Manifest:
     toolchain: dict
     files: dict[str, FileEntry] = field(default_factory=dict)
     passes: list[str] = field(default_factory=list)   # fusion passes applied
+    provenance: Provenance | None = None   # source identity, compile command, toolchain (calbin/provenance.py)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -119,6 +121,7 @@ class Manifest:
                 toolchain=d["toolchain"],
                 files={k: FileEntry(**v) for k, v in d["files"].items()},
                 passes=list(d.get("passes", [])),
+                provenance=Provenance.from_json(d["provenance"]) if d.get("provenance") else None,
             )
         except KeyError as exc:
             raise ModelError("manifest_missing_field", f"manifest.json lacks the field {exc.args[0]!r}") from None

@@ -23,6 +23,7 @@ from calculet.compiler import decoder
 from calculet.compiler import graphs as G
 from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.options import CompileOptions
+from calculet.compiler.provenance import provenance
 from calculet.compiler.quantize import format_label, policy_table, store_weights
 from calculet.compiler.tokenizer import tokenizer_info
 from calculet.compiler.weight_plan import check_stored, weight_plan
@@ -46,9 +47,20 @@ def _progress(total: int, desc: str, unit: str = "it", **kw):
 
 
 def _toolchain() -> dict:
+    import gguf
     import onnxruntime
+    import tokenizers
     return {"calculet": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-            "numpy": np.__version__, "python": platform.python_version()}
+            "numpy": np.__version__, "python": platform.python_version(), "tokenizers": tokenizers.__version__,
+            "gguf": getattr(gguf, "__version__", None) or _dist_version("gguf")}
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def compile_calbin(source_path: str | None, out: str | Path, options: CompileOptions, log=print) -> Path:
@@ -69,7 +81,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     tmp.chmod(0o755)
     try:
-        _write_calbin(tmp, source, family, spec, profile, options, log)
+        _write_calbin(tmp, source, family, spec, profile, options, log, source_path)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -80,7 +92,8 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     return out
 
 
-def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Profile, options: CompileOptions, log) -> None:
+def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Profile, options: CompileOptions, log,
+                  source_arg: str | None = None) -> None:
     (folder / "graphs").mkdir()
     tok = tokenizer_info(source, spec)
     (folder / "tokenizer.json").write_text(source.tokenizer_json)
@@ -107,6 +120,10 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
                   in_place)
     graphs = [gs.to_json() for gs in signatures]
     golden = _golden(folder, source, spec, tok, profile, options, log)
+    toolchain = _toolchain()
+    if golden is not None:  # the reference run's libraries (torch, transformers) produced golden/
+        from calculet.reference.hf import producer_versions
+        toolchain.update(producer_versions())
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
         target=options.target,
@@ -123,8 +140,9 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
                       "tensors": quant_record},
         memory_plan=build_memory_plan(spec, kv, weights.nbytes, graphs),
         golden=golden,
-        toolchain=_toolchain(),
+        toolchain=toolchain,
         passes=sorted(options.fusions),
+        provenance=provenance(source.kind, source.path, source_arg, options, toolchain),
     )
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     with _progress(sum(p.stat().st_size for p in files), "hash files", "B", unit_scale=True) as bar:
