@@ -25,6 +25,10 @@ def add_parser(sub) -> None:
     p.add_argument("--fuse", action="append", metavar="NAME", help="enable a fusion pass (default: all)")
     p.add_argument("--no-fuse", action="append", metavar="NAME", help="disable a fusion pass (sampling-head, or all)")
     p.add_argument("--no-golden", action="store_true", help="skip the reference run that records golden/")
+    p.add_argument("--quant", default="", metavar="MODULE[:LAYERS]=FORMAT[/bBLOCK],...",
+                   help="per-module overrides of --weights: attn, mlp (optionally per layer range, e.g. mlp:0-3=int4), "
+                        "lm_head, embed, router=fp32; formats fp32, fp16, int8, int4, w8a8, w4a8; e.g. "
+                        "attn=int8,mlp=int4/b32,lm_head=int8")
     p.add_argument("--probes", action="store_true",
                    help="debug build: every module's output (embedding, norms, attention, MLP, each layer) is also a "
                         "graph output, for `calculet compare --probe`")
@@ -34,10 +38,12 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions, parse_chunks, parse_fusions
+    from calculet.compiler.quant_spec import parse_quant
 
     options = CompileOptions(lanes=args.lanes, context=args.context, prefill_chunks=parse_chunks(args.prefill_chunks),
                              target=args.target, weights=args.weights, block_size=args.block_size, golden=not args.no_golden,
                              decode_lanes=parse_chunks(args.decode_lanes) if args.decode_lanes else (),
-                             fusions=parse_fusions(args.fuse, args.no_fuse), probes=args.probes)
+                             fusions=parse_fusions(args.fuse, args.no_fuse), probes=args.probes,
+                             quant=parse_quant(args.quant, args.block_size))
     compile_calbin(args.source, args.output, options)
     return 0

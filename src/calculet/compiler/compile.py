@@ -24,6 +24,7 @@ from calculet.compiler import graphs as G
 from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.options import CompileOptions
 from calculet.compiler.provenance import provenance
+from calculet.compiler.quant_spec import check_layers
 from calculet.compiler.quantize import format_label, policy_table, store_weights
 from calculet.compiler.tokenizer import tokenizer_info
 from calculet.compiler.weight_plan import check_stored, weight_plan
@@ -101,7 +102,8 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     weights = WeightStore()
     table = policy_table(options.weights, options.block_size)
     with _progress(len(source.tensors), f"weights ({options.weights})", "tensor") as bar:
-        quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions)
+        check_layers(options.quant, spec.num_layers)
+        quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions, options.quant)
     rope = G.add_rope_tables(spec, profile.context, weights)
     check_stored(weight_plan(spec, options), weights, quant_record)  # `calculet plan` lists the same bytes
     with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
@@ -136,6 +138,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         weights={"file": f"graphs/{WEIGHTS_FILE}", "bytes": weights.nbytes, "layout": "MatMul weights [in, out]; embeddings and lm_head [vocab, hidden]",
                  "tensors": [e.to_json() for e in weights.entries]},
         quantization={"policy": options.weights, "table": {k: v.to_json() for k, v in table.items()},
+                      "overrides": [o.to_json() for o in options.quant],
                       "modules": {name: format_label(r) for name, r in quant_record.items()},
                       "tensors": quant_record},
         memory_plan=build_memory_plan(spec, kv, weights.nbytes, graphs),
@@ -163,13 +166,23 @@ def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, l
         return None
     prompts = golden_mod.golden_prompt_ids(source.tokenizer_json, tok.bos_token_id if tok.add_bos_token else None,
                                            spec.vocab_size, spec.sliding_window, profile.context)
-    thresholds = golden_thresholds(options.weights)
+    thresholds = golden_thresholds(_golden_policy(options))
     with _progress(len(prompts), "golden (reference run)", "prompt") as bar:
         golden = golden_mod.make_golden(source, prompts, n_tokens=options.golden_tokens, topk=10,
                                         thresholds=thresholds, progress=bar)
     golden_mod.write_golden(golden, folder / "golden")
     return {"file": "golden/golden.json", "prompts": len(golden.prompts), "tokens": options.golden_tokens,
             "thresholds": asdict(thresholds)}
+
+
+def _golden_policy(options: CompileOptions) -> str:
+    """The policy whose golden bounds fit the build: --quant overrides loosen them to the lossiest format used."""
+    kinds = {o.fmt.kind for o in options.quant}
+    if "int4" in kinds:
+        return "int4"
+    if kinds - {"fp32"} and options.weights == "fp32":
+        return "int8"
+    return options.weights
 
 
 def golden_thresholds(policy: str):

@@ -82,6 +82,9 @@ def compile_command(source_arg: str | None, options: CompileOptions) -> str:
         argv.append("--no-golden")
     if options.probes:
         argv.append("--probes")
+    if options.quant:
+        from calculet.compiler.quant_spec import canonical
+        argv += ["--quant", canonical(options.quant)]
     return shlex.join(argv)
 
 
