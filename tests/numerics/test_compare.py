@@ -50,6 +50,7 @@ def test_fp32_calbin_agrees_at_every_step(tiny_calbin, refset_path):
         assert p.max_abs < 1e-3 and p.min_cosine > 0.99999 and p.max_logprob_error < 1e-3
         assert len(p.per_step.cosine) == TOKENS
     assert report.failures(Thresholds(1.0, 1.0)) == []
+    assert report.same_source
 
 
 def test_batched_lanes_give_the_same_scores(tiny_calbin, refset_path):
@@ -106,3 +107,17 @@ def test_a_set_from_another_model_is_refused(tiny_calbin, refset_path, tmp_path,
     assert "vocabulary is 999 but the calbin's is 320" in capsys.readouterr().err
     assert main(["compare", str(tiny_calbin("llama"))]) == 2
     assert "needs --reference FILE" in capsys.readouterr().err
+
+
+def test_module_costs_rows_show_each_modules_share(tiny_model_dir, refset_path, capsys):
+    """fp32 first (no loss), then each module of the policy alone, then the whole policy."""
+    assert main(["eval", "module-costs", str(tiny_model_dir("llama")), "--reference", str(refset_path),
+                 "--weights", "int4", "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    rows = {r["row"]: r for r in doc["rows"]}
+    assert list(rows) == ["fp32", "attention", "mlp", "lm_head", "all (int4)"]
+    assert rows["fp32"]["agreement"] == 1.0 and rows["fp32"]["logprob_error_max"] < 1e-3
+    assert rows["attention"]["format"] == "int4 b32 (fp32 compute)" and rows["lm_head"]["format"].startswith("int8")
+    for module in ("attention", "mlp", "lm_head"):
+        assert 1e-3 < rows[module]["logprob_error_max"]
+    assert rows["all (int4)"]["logprob_error_mean"] >= max(rows[m]["logprob_error_mean"] for m in ("attention", "mlp")) * 0.5

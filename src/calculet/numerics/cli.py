@@ -69,6 +69,15 @@ def add_parser(sub) -> None:
     ppl.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: all cores)")
     ppl.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON ('-': stdout)")
     ppl.set_defaults(func=run_perplexity)
+    mc = ev_sub.add_parser("module-costs", formatter_class=fmt,
+                           help="the error each module's quantization costs: fp32 builds with one module quantized at a time")
+    mc.add_argument("source", nargs="?", default=None, help="Hugging Face folder or .gguf file; omit for the embedded default model")
+    mc.add_argument("--reference", required=True, help="reference set (.npz from `calculet reference make`)")
+    mc.add_argument("--weights", default="default", help="the policy whose per-module formats are measured")
+    mc.add_argument("--block-size", type=int, default=32, help="quantization block size")
+    mc.add_argument("--context", type=int, default=None, help="context of the builds (default: what the set's longest prompt needs)")
+    mc.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON ('-': stdout)")
+    mc.set_defaults(func=run_module_costs)
     ev.set_defaults(func=lambda args: (ev.print_help(), 2)[1])
 
 
@@ -238,3 +247,31 @@ def run_probe(args) -> int:
             with open(args.json, "w") as f:
                 json.dump(report.to_dict(), f, indent=1)
     return 0 if report.first_bad is None else 1
+
+
+def run_module_costs(args) -> int:
+    from calculet.compiler.options import CompileOptions
+    from calculet.numerics.module_costs import module_costs, plan_rows, render
+    from calculet.reference.sets import read_reference_set
+
+    refset = read_reference_set(args.reference)
+    need = max(p.input_ids.size for p in refset.prompts) + refset.tokens - 1
+    context = args.context or max(64, -(-need // 64) * 64)
+    chunks = tuple(c for c in (16, 128) if c <= context)
+    base = CompileOptions(lanes=1, context=context, prefill_chunks=chunks, golden=False, decode_lanes=(),
+                          block_size=args.block_size)
+    rows = len(plan_rows(args.weights, args.block_size, tied=False)) + 1
+    with _progress(rows, f"module costs ({args.weights})", "build") as bar:
+        costs = module_costs(args.source, refset, args.weights, base, bar)
+    doc = {"policy": args.weights, "context": context,
+           "rows": [{"row": c.row, "format": c.format, **c.summary} for c in costs]}
+    if args.json == "-":
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(f"per-module cost of --weights {args.weights} against {args.reference} ({len(refset.prompts)} prompts x "
+          f"{refset.tokens} tokens; builds: fp32 + one module)")
+    print(render(costs))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0

@@ -77,6 +77,7 @@ class CompareReport:
     reference: dict                  # source identity of the reference set + tokens/topk
     prompts: tuple[PromptResult, ...]
     skipped: tuple[dict, ...] = field(default_factory=tuple)   # {"name", "reason"}
+    same_source: bool = True         # the calbin's source SHA-256 equals the reference set's
 
     @property
     def steps(self) -> int:
@@ -125,7 +126,8 @@ class CompareReport:
         }
 
     def to_dict(self, th: Thresholds | None = None) -> dict:
-        doc = {"calbin": self.calbin, "policy": self.policy, "reference": self.reference, "summary": self.summary(),
+        doc = {"calbin": self.calbin, "policy": self.policy, "reference": self.reference, "same_source": self.same_source,
+               "summary": self.summary(),
                "worst": [p.name for p in self.worst()], "prompts": [_finite(asdict(p)) for p in self.prompts],
                "skipped": list(self.skipped)}
         if th is not None:
@@ -236,8 +238,10 @@ def compare_calbin(path, refset: ReferenceSet, batch: int = 1, threads: int = 0,
     try:
         device.configure(device.load(path))
         results, skipped = compare_device(device, refset, batch, progress)
-        policy = str(device.program.manifest.quantization.get("policy", "?"))
+        manifest = device.program.manifest
+        policy = str(manifest.quantization.get("policy", "?"))
+        same = manifest.model.get("source", {}).get("sha256") == refset.source.get("source_sha256")
     finally:
         device.close()
     reference = {**refset.source, "tokens": refset.tokens, "topk": refset.topk, "prompts": len(refset.prompts)}
-    return CompareReport(str(path), policy, reference, tuple(results), tuple(skipped))
+    return CompareReport(str(path), policy, reference, tuple(results), tuple(skipped), same)

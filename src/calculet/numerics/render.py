@@ -40,6 +40,9 @@ def render(reports: list[CompareReport], th: Thresholds, worst: int = 10) -> str
         lines.append(f"{label:36}" + "".join(f"{_fmt(fmt, s[key]):>{width}}  " for s in summaries))
     for r in reports:
         lines.append("")
+        if not r.same_source:
+            lines.append(f"note: {r.calbin} was compiled from other source files than the reference set "
+                         "(SHA-256 differs): a GGUF and its HF original, or another model")
         lines.append(f"worst prompts of {r.calbin}:")
         lines.append(f"  {'prompt':28} {'len':>5} {'agree':>7} {'1st div':>7} {'overlap':>7} {'min cos':>9} {'max abs':>9}")
         for p in r.worst(worst):
