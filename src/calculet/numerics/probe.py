@@ -97,7 +97,8 @@ def calbin_module_outputs(calbin, ids: list[int], threads: int = 0) -> tuple[str
     n, s = len(ids), graph.tokens
     feeds["input_ids"][0, :n] = ids
     feeds["seqlens_k"][0] = s - 1                # as the runtime runs a right-padded chunk at position 0
-    feeds["total_seq_len"][...] = s
+    if "total_seq_len" in feeds:                  # portable bodies do not take it
+        feeds["total_seq_len"][...] = s
     feeds["last_index"][0] = n - 1
     values = program.sessions[graph.name].run(names, feeds)
     out = {}
