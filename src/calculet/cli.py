@@ -21,6 +21,7 @@ _COMMANDS = [
     "calculet.planner.cli",    # plan
     "calculet.server.cli",     # serve
     "calculet.bench.cli",      # bench
+    "calculet.numerics.cli",   # reference make, compare, eval perplexity
 ]
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from calculet.calbin.graphspec import DTYPE_BYTES, GraphSpec
 from calculet.calbin.memory_plan import MemoryPlan
+from calculet.calbin.provenance import Provenance
 from calculet.errors import ModelError
 from calculet.models.base import ModelSpec
 
@@ -194,15 +195,18 @@ class Quantization:
     policy: str
     table: dict[str, TensorFormat]      # module class -> the policy's format for it
     tensors: dict[str, TensorFormat]    # every weight -> its stored format
+    overrides: tuple[dict, ...] = ()    # --quant per-module overrides as given (compiler/quant_spec.Override.to_json)
 
     def to_json(self) -> dict:
         return {"policy": self.policy, "table": {k: v.to_json() for k, v in self.table.items()},
+                "overrides": [dict(o) for o in self.overrides],
                 "tensors": {k: v.to_json() for k, v in self.tensors.items()}}
 
     @staticmethod
     def from_json(d: dict) -> "Quantization":
         return Quantization(d["policy"], {k: TensorFormat(**v) for k, v in d["table"].items()},
-                            {k: TensorFormat(**v) for k, v in d["tensors"].items()})
+                            {k: TensorFormat(**v) for k, v in d["tensors"].items()},
+                            tuple(dict(o) for o in d.get("overrides", ())))
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,7 @@ class Manifest:
     toolchain: Toolchain
     files: dict[str, FileEntry]         # every file but manifest.json, by path relative to the calbin
     passes: tuple[str, ...] = ()        # fusion passes applied
+    provenance: Provenance | None = None   # source identity, compile command, toolchain (calbin/provenance.py)
 
     @property
     def spec(self) -> ModelSpec:
@@ -276,6 +281,7 @@ class Manifest:
             "toolchain": _plain(self.toolchain),
             "files": {k: _plain(v) for k, v in self.files.items()},
             "passes": list(self.passes),
+            "provenance": None if self.provenance is None else self.provenance.to_json(),
         }
 
     @staticmethod
@@ -296,6 +302,7 @@ class Manifest:
                 toolchain=Toolchain(**d["toolchain"]),
                 files={k: FileEntry(**v) for k, v in d["files"].items()},
                 passes=tuple(d.get("passes", ())),
+                provenance=Provenance.from_json(d["provenance"]) if d.get("provenance") else None,
             )
         except KeyError as exc:
             raise ModelError("manifest_missing_field", f"manifest.json lacks the field {exc.args[0]!r}") from None

@@ -16,11 +16,15 @@ MS_DOMAIN = "com.microsoft"
 
 
 class GraphBuilder:
-    def __init__(self, name: str, weights: WeightStore, target: str = "cpu", fusions: frozenset[str] = frozenset()):
+    def __init__(self, name: str, weights: WeightStore, target: str = "cpu", fusions: frozenset[str] = frozenset(),
+                 probes: bool = False):
         self.name = name
         self.weights = weights
         self.target = target  # "cpu" may use ONNX Runtime contrib ops; "portable" may not
         self.fusions = fusions
+        self.probing = probes  # debug build: module outputs become extra graph outputs (see probe())
+        self.probes: list[tuple[str, str, int, int | None]] = []  # (module, value, width, positions)
+        self.probe_positions: int | None = None  # tokens per lane from here on when not the graph's S
         self._nodes = []
         self._inputs = []
         self._outputs = []
@@ -36,11 +40,17 @@ class GraphBuilder:
     def output(self, value: str, name: str, dtype, shape) -> None:
         """Expose `value` as graph output `name`: the producing tensor is renamed, not copied by an Identity."""
         if value != name:
-            if value in self._renames.values() or any(i.name == value for i in self._inputs):
+            if value in self._renames or value in self._renames.values() or any(i.name == value for i in self._inputs):
                 self.op("Identity", [value], name=f"/outputs/{name}", outputs=[name])  # already an output / an input
             else:
                 self._renames[value] = name
         self._outputs.append(make_value_info(name, dtype, shape))
+
+    def probe(self, module: str, value: str, width: int) -> None:
+        """Debug builds: expose `value` [L, S, width] as the output `probe:<module>`, where <module>
+        is the Hugging Face module name whose forward output it equals (e.g. model.layers.3.mlp)."""
+        if self.probing:
+            self.probes.append((module, value, int(width), self.probe_positions))
 
     def weight(self, name: str) -> str:
         """Reference a tensor of the shared weight store (external data in weights.bin)."""

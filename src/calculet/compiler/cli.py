@@ -28,16 +28,25 @@ def add_parser(sub) -> None:
     p.add_argument("--expert-stats", action="store_true",
                    help="mixture-of-experts models: bodies also output which experts each token was routed to, so "
                         "`calculet run --expert-stats` can show the load per expert")
+    p.add_argument("--quant", default="", metavar="MODULE[:LAYERS]=FORMAT[/bBLOCK],...",
+                   help="per-module overrides of --weights: attn, mlp (optionally per layer range, e.g. mlp:0-3=int4), "
+                        "lm_head, embed, router=fp32; formats fp32, fp16, int8, int4, w8a8, w4a8; e.g. "
+                        "attn=int8,mlp=int4/b32,lm_head=int8")
+    p.add_argument("--probes", action="store_true",
+                   help="debug build: every module's output (embedding, norms, attention, MLP, each layer) is also a "
+                        "graph output, for `calculet compare --probe`")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions, parse_chunks, parse_fusions
+    from calculet.compiler.quant_spec import parse_quant
 
     options = CompileOptions(lanes=args.lanes, context=args.context, prefill_chunks=parse_chunks(args.prefill_chunks),
                              target=args.target, weights=args.weights, block_size=args.block_size, golden=not args.no_golden,
                              decode_lanes=parse_chunks(args.decode_lanes) if args.decode_lanes else (),
-                             fusions=parse_fusions(args.fuse, args.no_fuse), expert_stats=args.expert_stats)
+                             fusions=parse_fusions(args.fuse, args.no_fuse), expert_stats=args.expert_stats,
+                             probes=args.probes, quant=parse_quant(args.quant, args.block_size))
     compile_calbin(args.source, args.output, options)
     return 0

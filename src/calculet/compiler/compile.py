@@ -7,7 +7,7 @@ failure never leaves a half-written calbin.
 from __future__ import annotations
 
 import platform
-from dataclasses import asdict
+from dataclasses import asdict, replace
 import shutil
 import tempfile
 import time
@@ -24,6 +24,8 @@ from calculet.compiler import decoder
 from calculet.compiler import graphs as G
 from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.options import CompileOptions
+from calculet.compiler.provenance import provenance
+from calculet.compiler.quant_spec import check_layers
 from calculet.compiler.quantize import policy_table, store_weights
 from calculet.compiler.tokenizer import tokenizer_info
 from calculet.compiler.weight_plan import check_stored, weight_plan
@@ -46,9 +48,22 @@ def _progress(total: int, desc: str, unit: str = "it", **kw):
     return tqdm(total=total, desc=desc, unit=unit, leave=False, mininterval=0.5, delay=1.0, **kw)
 
 
-def _toolchain() -> Toolchain:
+def _versions() -> dict:
+    """Versions of everything that touches the bytes (the provenance section keeps them all)."""
+    import gguf
     import onnxruntime
-    return Toolchain(__version__, onnx.__version__, onnxruntime.__version__, np.__version__, platform.python_version())
+    import tokenizers
+    return {"calculet": __version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
+            "numpy": np.__version__, "python": platform.python_version(), "tokenizers": tokenizers.__version__,
+            "gguf": getattr(gguf, "__version__", None) or _dist_version("gguf")}
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def compile_calbin(source_path: str | None, out: str | Path, options: CompileOptions, log=print) -> Path:
@@ -69,7 +84,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     tmp.chmod(0o755)
     try:
-        _write_calbin(tmp, source, family, spec, profile, options, log)
+        _write_calbin(tmp, source, family, spec, profile, options, log, source_path)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -80,7 +95,8 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     return out
 
 
-def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Profile, options: CompileOptions, log) -> None:
+def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Profile, options: CompileOptions, log,
+                  source_arg: str | None = None) -> None:
     (folder / "graphs").mkdir()
     tok = tokenizer_info(source, spec)
     (folder / "tokenizer.json").write_text(source.tokenizer_json)
@@ -88,7 +104,8 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     weights = WeightStore()
     table = policy_table(options.weights, options.block_size)
     with _progress(len(source.tensors), f"weights ({options.weights})", "tensor") as bar:
-        quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions)
+        check_layers(options.quant, spec.num_layers)
+        quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions, options.quant)
     rope = G.add_rope_tables(spec, profile.context, weights)
     check_stored(weight_plan(spec, options), weights, quant_record)  # `calculet plan` lists the same bytes
     with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
@@ -97,9 +114,11 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     in_place = options.target == "cpu"  # standard ONNX cannot update an input in place
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
                                 options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats)
-    for gs in signatures:
-        onnx.save_model(G.build_graph(spec, gs, weights, rope, options.target, options.fusions),
-                        str(folder / gs.file))
+    for n, gs in enumerate(signatures):
+        model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes)
+        if options.probes:  # the manifest lists every output, the probes too
+            signatures[n] = gs = replace(gs, outputs=gs.outputs + G.probe_outputs(model))
+        onnx.save_model(model, str(folder / gs.file))
 
     kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim,
                   in_place)
@@ -107,6 +126,10 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     weights_info = WeightsInfo(f"graphs/{WEIGHTS_FILE}", weights.nbytes,
                                "MatMul weights [in, out]; embeddings and lm_head [vocab, hidden]",
                                tuple(WeightTensor(e.name, e.dtype, tuple(e.shape), e.offset, e.nbytes) for e in weights.entries))
+    versions = _versions()
+    if golden is not None:  # the reference run's libraries (torch, transformers) produced golden/
+        from calculet.reference.hf import producer_versions
+        versions.update(producer_versions())
     write_manifest(Manifest(   # built once, complete: every file is written before it
         schema_version=SCHEMA_VERSION,
         target=options.target,
@@ -117,12 +140,14 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         kv=kv,
         weights=weights_info,
         quantization=Quantization(options.weights, {k: TensorFormat(**v.to_json()) for k, v in table.items()},
-                                  {name: TensorFormat(**r) for name, r in quant_record.items()}),
+                                  {name: TensorFormat(**r) for name, r in quant_record.items()},
+                                  tuple(o.to_json() for o in options.quant)),
         memory_plan=build_memory_plan(spec, kv, weights.nbytes, signatures),
         golden=golden,
-        toolchain=_toolchain(),
+        toolchain=Toolchain(*(versions[k] for k in ("calculet", "onnx", "onnxruntime", "numpy", "python"))),
         files=_file_table(folder),
         passes=tuple(sorted(options.fusions)),
+        provenance=provenance(source.kind, source.path, source_arg, options, versions),
     ), folder)
 
 
@@ -148,12 +173,22 @@ def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, l
         return None
     prompts = golden_mod.golden_prompt_ids(source.tokenizer_json, tok.bos_token_id if tok.add_bos_token else None,
                                            spec.vocab_size, spec.sliding_window, profile.context)
-    thresholds = golden_thresholds(options.weights)
+    thresholds = golden_thresholds(_golden_policy(options))
     with _progress(len(prompts), "golden (reference run)", "prompt") as bar:
         golden = golden_mod.make_golden(source, prompts, n_tokens=options.golden_tokens, topk=10,
                                         thresholds=thresholds, progress=bar)
     golden_mod.write_golden(golden, folder / "golden")
     return GoldenInfo("golden/golden.json", len(golden.prompts), options.golden_tokens, asdict(thresholds))
+
+
+def _golden_policy(options: CompileOptions) -> str:
+    """The policy whose golden bounds fit the build: --quant overrides loosen them to the lossiest format used."""
+    kinds = {o.fmt.kind for o in options.quant}
+    if "int4" in kinds:
+        return "int4"
+    if kinds - {"fp32"} and options.weights == "fp32":
+        return "int8"
+    return options.weights
 
 
 def golden_thresholds(policy: str):

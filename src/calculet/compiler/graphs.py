@@ -88,9 +88,15 @@ def add_rope_tables(spec: ModelSpec, context: int, weights: WeightStore) -> dict
     return tables
 
 
+PROBE_PREFIX = "probe:"
+
+
 def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
-                rope_tables: dict, target: str = "cpu", fusions: frozenset[str] = frozenset()) -> ModelProto:
-    g = GraphBuilder(gs.name, weights, target, fusions)
+                rope_tables: dict, target: str = "cpu", fusions: frozenset[str] = frozenset(),
+                probes: bool = False) -> ModelProto:
+    """The graph of `gs`. With `probes` (a debug build), bodies also output every module's result
+    as `probe:<HF module name>` [L, S, width], in execution order (see `probe_outputs`)."""
+    g = GraphBuilder(gs.name, weights, target, fusions, probes=probes and gs.type != HEAD)
     for t in gs.inputs:
         g.input(t.name, np.dtype(t.dtype), t.shape)
     if gs.type == HEAD:
@@ -99,7 +105,19 @@ def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
         outputs = _build_body(g, spec, gs, rope_tables)
     for t in gs.outputs:
         g.output(outputs.get(t.name, t.name), t.name, np.dtype(t.dtype), t.shape)
+    for module, value, width, positions in g.probes:
+        g.output(value, PROBE_PREFIX + module, np.float32, (gs.lanes, positions or gs.tokens, width))
     return g.build()
+
+
+def probe_outputs(model: ModelProto) -> tuple[TensorSpec, ...]:
+    """The probe outputs of a built graph, for its GraphSpec (the manifest lists every output)."""
+    out = []
+    for o in model.graph.output:
+        if o.name.startswith(PROBE_PREFIX):
+            shape = tuple(d.dim_value for d in o.type.tensor_type.shape.dim)
+            out.append(TensorSpec(o.name, shape, "float32"))
+    return tuple(out)
 
 
 def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: dict) -> dict:
@@ -116,11 +134,17 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: di
         expert_masks=[] if any(t.name == "expert_mask" for t in gs.outputs) else None,
     )
     stream = layers.Stream(decoder.embed(g, spec, "input_ids"))             # [L, S, H]
+    g.probe("model.embed_tokens", stream.x, spec.hidden_size)
     for i in range(spec.num_layers):
         stream = decoder.build_layer(g, spec, i, stream, ctx)                # [L, S, H]
+        if g.probing:  # the layer's output is the residual sum the next norm would fuse
+            total = stream.x if stream.pending is None else g.op("Add", [stream.x, stream.pending],
+                                                                  name=f"/probes/layers.{i}/ResidualAdd")
+            g.probe(f"model.layers.{i}", total, spec.hidden_size)
     if gs.type == PREFILL:  # only the last real token goes on: gather before the final norm
         gather = lambda v, n: g.op("Gather", [v, "last_index"], name=f"/model/last_token/{n}", axis=1)  # noqa: E731
         stream = layers.Stream(gather(stream.x, "GatherX"), gather(stream.pending, "GatherBranch"))  # [1, 1, H]
+    g.probe_positions = 1  # the final norm sees one token per lane (prefill: the last real one)
     x, _ = layers.add_norm(g, stream, "model.norm.weight", spec.rms_norm_eps, "/model/norm")
     out = {"hidden": g.op("Reshape", [x, g.const([gs.lanes, spec.hidden_size])], name="/model/flatten/Reshape")}
     if portable is not None:

@@ -14,17 +14,27 @@ from calculet.calbin.graphspec import kv_names
 from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
 
 
-def rmsnorm(g: GraphBuilder, x: str, weight: str, eps: float, scope: str) -> str:
+def rmsnorm(g: GraphBuilder, x: str, weight: str, eps: float, scope: str, probe: bool = True) -> str:
     """y = x / sqrt(mean(x^2) + eps) * w over the last axis (weight already holds any +1 offset)."""
     w = g.weight(weight)
     if g.target == "cpu":
-        return g.op("SimplifiedLayerNormalization", [x, w], name=f"{scope}/SimplifiedLayerNorm",
-                    axis=-1, epsilon=float(eps), stash_type=1)
-    sq = g.op("Mul", [x, x], name=f"{scope}/Square")
-    mean = g.op("ReduceMean", [sq, g.const([-1])], name=f"{scope}/ReduceMean", keepdims=1)
-    var = g.op("Add", [mean, g.const(eps, np.float32)], name=f"{scope}/AddEps")
-    inv = g.op("Reciprocal", [g.op("Sqrt", [var], name=f"{scope}/Sqrt")], name=f"{scope}/Reciprocal")
-    return g.op("Mul", [g.op("Mul", [x, inv], name=f"{scope}/Normalize"), w], name=f"{scope}/Scale")
+        y = g.op("SimplifiedLayerNormalization", [x, w], name=f"{scope}/SimplifiedLayerNorm",
+                 axis=-1, epsilon=float(eps), stash_type=1)
+    else:
+        sq = g.op("Mul", [x, x], name=f"{scope}/Square")
+        mean = g.op("ReduceMean", [sq, g.const([-1])], name=f"{scope}/ReduceMean", keepdims=1)
+        var = g.op("Add", [mean, g.const(eps, np.float32)], name=f"{scope}/AddEps")
+        inv = g.op("Reciprocal", [g.op("Sqrt", [var], name=f"{scope}/Sqrt")], name=f"{scope}/Reciprocal")
+        y = g.op("Mul", [g.op("Mul", [x, inv], name=f"{scope}/Normalize"), w], name=f"{scope}/Scale")
+    if probe:
+        g.probe(weight.removesuffix(".weight"), y, _out_features(g, weight))
+    return y
+
+
+def _out_features(g: GraphBuilder, weight: str) -> int:
+    """Output width of a norm ([H]) or a MatMul weight ([in, out], or quantized codes of N rows)."""
+    q = g.weights.quant(weight)
+    return q.n if q is not None else g.weights.entry(weight).shape[-1]
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,7 @@ def add_norm(g: GraphBuilder, stream: Stream, weight: str, eps: float, scope: st
         normed, _mean, _inv, total = g.op(
             "SkipSimplifiedLayerNormalization", [stream.x, stream.pending, g.weight(weight)],
             name=f"{scope}/SkipSimplifiedLayerNorm", n_out=4, domain=MS_DOMAIN, epsilon=float(eps))
+        g.probe(weight.removesuffix(".weight"), normed, _out_features(g, weight))
         return normed, Stream(total)
     total = g.op("Add", [stream.x, stream.pending], name=f"{scope}/ResidualAdd")
     return rmsnorm(g, total, weight, eps, scope), Stream(total)
@@ -55,8 +66,10 @@ def add_norm(g: GraphBuilder, stream: Stream, weight: str, eps: float, scope: st
 def head_rmsnorm(g: GraphBuilder, x: str, heads: int, head_dim: int, weight: str, eps: float, scope: str) -> str:
     """RMSNorm over each head: [L, S, heads*D] -> [L, S, heads, D] -> norm -> [L, S, heads*D]."""
     split = g.op("Reshape", [x, g.const([0, 0, heads, head_dim])], name=f"{scope}/SplitHeads")
-    normed = rmsnorm(g, split, weight, eps, scope)
-    return g.op("Reshape", [normed, g.const([0, 0, heads * head_dim])], name=f"{scope}/MergeHeads")
+    normed = rmsnorm(g, split, weight, eps, scope, probe=False)
+    merged = g.op("Reshape", [normed, g.const([0, 0, heads * head_dim])], name=f"{scope}/MergeHeads")
+    g.probe(weight.removesuffix(".weight"), merged, heads * head_dim)
+    return merged
 
 
 def embedding(g: GraphBuilder, weight: str, ids: str, scope: str) -> str:
@@ -156,7 +169,9 @@ def gated_mlp(g: GraphBuilder, x: str, prefix: str, activation: str, scope: str)
     else:
         raise ValueError(f"unknown activation {activation!r}")
     hidden = g.op("Mul", [act, up], name=f"{scope}/GateMulUp")
-    return linear(g, hidden, f"{prefix}.down_proj.weight", f"{scope}/down_proj")
+    out = linear(g, hidden, f"{prefix}.down_proj.weight", f"{scope}/down_proj")
+    g.probe(prefix, out, _out_features(g, f"{prefix}.down_proj.weight"))
+    return out
 
 
 @dataclass(frozen=True)
@@ -179,7 +194,9 @@ def self_attention(g: GraphBuilder, spec, layer: int, x: str, ctx: AttentionInpu
         q = head_rmsnorm(g, q, spec.num_heads, spec.head_dim, f"{p}.q_norm.weight", spec.rms_norm_eps, f"{s}/q_norm")
         k = head_rmsnorm(g, k, spec.num_kv_heads, spec.head_dim, f"{p}.k_norm.weight", spec.rms_norm_eps, f"{s}/k_norm")
     a = attention(g, spec, layer, q, k, v, ctx, s)
-    return linear(g, a, f"{p}.o_proj.weight", f"{s}/o_proj")
+    out = linear(g, a, f"{p}.o_proj.weight", f"{s}/o_proj")
+    g.probe(p, out, spec.hidden_size)
+    return out
 
 
 def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, ctx: AttentionInputs, scope: str) -> str:

@@ -34,6 +34,8 @@ class CompileOptions:
     decode_lanes: tuple[int, ...] = (1,)     # extra decode batch sizes besides `lanes`
     fusions: frozenset[str] = frozenset(FUSIONS)
     expert_stats: bool = False   # MoE: bodies also output each row's routed experts (`expert_mask`)
+    probes: bool = False         # debug build: every module's output is also a graph output (compare --probe)
+    quant: tuple = ()            # per-module overrides of the policy (compiler/quant_spec.Override, from --quant)
 
     def cache_key(self) -> str:
         """Stable across processes (a frozenset's repr order is not)."""
@@ -71,6 +73,8 @@ class CompileOptions:
         for n in self.decode_lanes:
             if not 1 <= n <= self.lanes:
                 raise RequestError("bad_option", f"--decode-lanes: {n} must be in 1..lanes ({self.lanes})")
+        if self.quant and self.target == "portable" and any(o.fmt.kind == "int4" for o in self.quant):
+            raise RequestError("bad_option", "--target portable supports int8 weights only; --quant asks for int4")
         unknown = set(self.fusions) - set(FUSIONS)
         if unknown:
             raise RequestError("bad_option", f"unknown fusion {sorted(unknown)}; known: {', '.join(FUSIONS)}")

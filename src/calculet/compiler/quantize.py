@@ -206,8 +206,11 @@ def _packed(weights, fusions: frozenset[str]):
 
 
 def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, progress=None,
-                  fusions: frozenset[str] = frozenset()) -> dict[str, dict]:
+                  fusions: frozenset[str] = frozenset(), overrides: tuple = ()) -> dict[str, dict]:
     """Run the family's weights through the policy into the store; returns the per-tensor record.
+
+    `overrides` (compiler/quant_spec.py, from --quant) replace the table's format per module class,
+    and per layer for attention and MLP weights.
 
     Linear weights arrive as [in, out] (MatMul layout) and are quantized as [out, in] rows. With tied
     embeddings and a quantized embedding, one set of int8 codes serves both the lookup and the lm_head.
@@ -232,9 +235,12 @@ def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, p
         record[name] = {**fmt.to_json(), "module": "experts", "exact_blocks": round(q.exact_fraction, 4),
                         "max_abs_error": q.max_abs_error}
 
+    from calculet.compiler.quant_spec import format_for
+
+    table = {**table, **{o.module: o.fmt for o in overrides if o.layers is None}}  # whole-module overrides
     for name, array in _packed(family.prepare_weights(spec, tensors), fusions):
         cls = module_class(name)
-        fmt = table.get(cls, FP32)
+        fmt = format_for(name, cls, table, overrides)
         if fmt.kind == "fp16":
             _put_half(spec, store, record, name, array, cls, table)
         elif cls == "embedding":

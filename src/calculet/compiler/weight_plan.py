@@ -116,8 +116,11 @@ class WeightOptions(Protocol):
 
 
 def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
+    """`options.quant` (CompileOptions' --quant overrides, when it has them) apply as in store_weights."""
+    overrides = tuple(getattr(options, "quant", ()))
     table = policy_table(options.weights, options.block_size)
-    tensors = [*_parameters(spec, table, options.fusions)]
+    table = {**table, **{o.module: o.fmt for o in overrides if o.layers is None}}
+    tensors = [*_parameters(spec, table, options.fusions, overrides)]
     if "coarse-head" in options.fusions:
         tensors += _coarse_head(spec, tensors)
     tensors += _rope_tables(spec, options.context)
@@ -128,8 +131,11 @@ def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
     return WeightPlan(options.weights, tuple(tensors))
 
 
-def _parameters(spec: ModelSpec, table: dict[str, QuantFormat], fusions: frozenset[str]):
+def _parameters(spec: ModelSpec, table: dict[str, QuantFormat], fusions: frozenset[str], overrides: tuple = ()):
+    from calculet.compiler.quant_spec import format_for
+
     fmt = lambda cls: table.get(cls, FP32)  # noqa: E731
+    in_layer = lambda p, cls: format_for(f"{p}.{cls}.", cls, table, overrides)  # noqa: E731  (per-layer --quant)
     h, v, hd = spec.hidden_size, spec.vocab_size, spec.head_dim
     q, kv = spec.num_heads * hd, spec.num_kv_heads * hd
     vocab_rows = Split(0, (("vocab", v),))
@@ -146,7 +152,7 @@ def _parameters(spec: ModelSpec, table: dict[str, QuantFormat], fusions: frozens
         p = f"model.layers.{i}"
         for norm in norms:
             yield StoredTensor(f"{p}.{norm}.weight", "norm", (h,), FP32)
-        a = fmt("attention")
+        a = in_layer(p, "attention")
         qkv = (("q_proj", "heads", q), ("k_proj", "kv_heads", kv), ("v_proj", "kv_heads", kv))
         if "qkv" in fusions:
             parts = tuple((unit, n) for _, unit, n in qkv)
@@ -166,9 +172,9 @@ def _parameters(spec: ModelSpec, table: dict[str, QuantFormat], fusions: frozens
             for which in ("q_norm", "k_norm"):
                 yield StoredTensor(f"{p}.self_attn.{which}.weight", "norm", (hd,), FP32)
         if spec.moe and spec.moe.is_sparse(i):
-            yield from _expert_block(spec, p, fmt("experts"), fmt("mlp"))
+            yield from _expert_block(spec, p, in_layer(p, "experts"), in_layer(p, "mlp"))
         else:
-            yield from _gated_mlp(f"{p}.mlp", "mlp", spec.intermediate_size, h, fmt("mlp"), fusions)
+            yield from _gated_mlp(f"{p}.mlp", "mlp", spec.intermediate_size, h, in_layer(p, "mlp"), fusions)
     yield StoredTensor("model.norm.weight", "norm", (h,), FP32)
     if not spec.tie_word_embeddings:
         yield StoredTensor("lm_head.weight", "lm_head", (v, h), head, split=vocab_rows)

@@ -221,3 +221,96 @@ def reference_topk(model, input_ids: list[int], k: int) -> tuple[list[int], np.n
     if not 1 <= k <= vocab:
         raise RequestError("reference_bad_k", f"k must be in [1, {vocab}] (the vocabulary size), got {k}")
     return topk_of(reference_last_logits(model, input_ids), k)
+
+
+def reference_greedy_steps(model, input_ids: list[int], steps: int, k: int) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """`steps` greedy tokens and, at every step, the top-k of the logits that chose it.
+
+    Returns (tokens, topk_ids int32 [steps, k], topk_logits float32 [steps, k], logsumexp float32
+    [steps]); the log-sum-exp of each full row lets a reader recover the reference's log-softmax of
+    any stored id. Step t's logits follow the prompt and tokens[:t], i.e. teacher forcing along the
+    reference's own greedy path, so a runtime fed the same tokens is scored at every step.
+    """
+    torch, transformers = _require_torch()
+    _check_ids(model, input_ids)
+    vocab = model.config.vocab_size
+    if steps < 1:
+        raise RequestError("reference_bad_steps", f"steps must be >= 1, got {steps}")
+    if not 1 <= k <= vocab:
+        raise RequestError("reference_bad_k", f"k must be in [1, {vocab}] (the vocabulary size), got {k}")
+    tokens: list[int] = []
+    ids = np.zeros((steps, k), np.int32)
+    values = np.zeros((steps, k), np.float32)
+    lse = np.zeros(steps, np.float32)
+    with torch.inference_mode():
+        cache = transformers.DynamicCache(config=model.config)
+        logits = _forward_last(torch, model, list(input_ids), cache)
+        for t in range(steps):
+            row = logits.float()
+            lse[t] = float(torch.logsumexp(row.double(), dim=0))
+            top_ids, top_values = topk_of(row.numpy(), k)
+            ids[t], values[t] = top_ids, top_values
+            tokens.append(top_ids[0])
+            if t + 1 < steps:
+                logits = _forward_last(torch, model, tokens[-1:], cache)
+    return tokens, ids, values, lse
+
+
+def reference_position_logprobs(model, input_ids: list[int], chunk: int = 128) -> np.ndarray:
+    """float64 [n - 1]: log p(input_ids[i] | input_ids[:i]) for i = 1..n-1, one forward pass.
+
+    The lm_head runs on `chunk` positions at a time, so a large vocabulary never needs a whole
+    [n, vocab] logits tensor (262,144 x 1,024 fp32 would be 1 GiB)."""
+    torch, _ = _require_torch()
+    _check_ids(model, input_ids)
+    if len(input_ids) < 2:
+        raise RequestError("reference_short_text", "scoring needs at least 2 tokens")
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    ids = torch.tensor([list(input_ids)], dtype=torch.long)
+    out = np.zeros(len(input_ids) - 1, np.float64)
+    with torch.inference_mode():
+        hidden = model.model(ids).last_hidden_state[0]                  # [n, H]
+        for start in range(0, len(input_ids) - 1, chunk):
+            stop = min(start + chunk, len(input_ids) - 1)
+            logits = model.lm_head(hidden[start:stop]).double()         # [c, V]
+            if softcap:
+                logits = torch.tanh(logits / softcap) * softcap
+            logp = torch.log_softmax(logits, dim=-1)
+            target = ids[0, start + 1:stop + 1]
+            out[start:stop] = logp.gather(1, target[:, None])[:, 0].numpy()
+    return out
+
+
+def reference_module_outputs(model, input_ids: list[int], modules: list[str]) -> dict[str, np.ndarray]:
+    """float32 [n, width] per named module: its forward output over the prompt, captured by hooks.
+
+    Names are the model's own (`model.layers.3.mlp`); a module returning a tuple (attention returns
+    (output, weights)) contributes its first element; per-head outputs [1, n, heads, D] or
+    [1, heads, n, D] are flattened to [n, heads * D] (when heads == n the first layout is assumed)."""
+    torch, _ = _require_torch()
+    _check_ids(model, input_ids)
+    captured: dict[str, np.ndarray] = {}
+    handles = []
+    n = len(input_ids)
+
+    def hook(name):
+        def save(_module, _args, output):
+            out = output[0] if isinstance(output, tuple) else output
+            if out.dim() == 4 and out.shape[2] == n and out.shape[1] != n:  # [1, heads, n, D] (Gemma 3's q/k norms)
+                out = out.transpose(1, 2)
+            captured[name] = out.detach().float().reshape(out.shape[0] * out.shape[1], -1).numpy().copy()
+        return save
+
+    try:
+        for name in modules:
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:
+                raise ModelError("reference_no_module", f"the reference model has no module {name!r}") from None
+            handles.append(module.register_forward_hook(hook(name)))
+        with torch.inference_mode():
+            model(torch.tensor([list(input_ids)], dtype=torch.long), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
