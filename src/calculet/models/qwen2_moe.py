@@ -15,7 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from calculet.models import llama, qwen3_moe
-from calculet.models.base import ModelSpec, get_tensor, layer_projection_weights, linear_weight, require_positive
+from calculet.models.base import ModelSpec, linear_weight, require_positive
 
 MODEL_TYPES = ("qwen2_moe",)
 LAYER_NORMS = llama.LAYER_NORMS
@@ -29,20 +29,13 @@ def parse_config(config: dict) -> ModelSpec:
                    moe=moe)
 
 
+def _shared_expert(tensors, p: str) -> Iterator[tuple[str, np.ndarray]]:
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        name = f"{p}.mlp.shared_expert.{proj}.weight"
+        yield name, linear_weight(tensors, name)
+    yield f"{p}.mlp.shared_expert_gate.weight", linear_weight(tensors, f"{p}.mlp.shared_expert_gate.weight")  # [H, 1]
+
+
 def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]]:
-    yield "model.embed_tokens.weight", get_tensor(tensors, "model.embed_tokens.weight")
-    for i in range(spec.num_layers):
-        p = f"model.layers.{i}"
-        sparse = spec.moe.is_sparse(i)
-        yield f"{p}.input_layernorm.weight", get_tensor(tensors, f"{p}.input_layernorm.weight")
-        yield f"{p}.post_attention_layernorm.weight", get_tensor(tensors, f"{p}.post_attention_layernorm.weight")
-        yield from layer_projection_weights(spec, tensors, p, mlp=not sparse)
-        if sparse:
-            yield from qwen3_moe.expert_weights(spec, tensors, p)
-            for proj in ("gate_proj", "up_proj", "down_proj"):
-                name = f"{p}.mlp.shared_expert.{proj}.weight"
-                yield name, linear_weight(tensors, name)
-            yield f"{p}.mlp.shared_expert_gate.weight", linear_weight(tensors, f"{p}.mlp.shared_expert_gate.weight")  # [H, 1]
-    yield "model.norm.weight", get_tensor(tensors, "model.norm.weight")
-    if not spec.tie_word_embeddings:
-        yield "lm_head.weight", get_tensor(tensors, "lm_head.weight")
+    """Qwen3-MoE's layout plus each sparse layer's shared expert and its sigmoid gate."""
+    return qwen3_moe.prepare_weights(spec, tensors, sparse_extra=_shared_expert)

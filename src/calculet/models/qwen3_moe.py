@@ -59,8 +59,9 @@ def parse_config(config: dict) -> ModelSpec:
                    moe=moe_spec(config, dense.num_layers))
 
 
-def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]]:
-    """HF tensors -> initializers: dense layers as llama's; sparse layers' router and expert stacks."""
+def prepare_weights(spec: ModelSpec, tensors, sparse_extra=None) -> Iterator[tuple[str, np.ndarray]]:
+    """HF tensors -> initializers: dense layers as llama's; sparse layers' router and expert stacks,
+    then `sparse_extra(tensors, prefix)`'s weights when a family has more (qwen2_moe's shared expert)."""
     yield "model.embed_tokens.weight", get_tensor(tensors, "model.embed_tokens.weight")
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
@@ -70,6 +71,8 @@ def prepare_weights(spec: ModelSpec, tensors) -> Iterator[tuple[str, np.ndarray]
         yield from layer_projection_weights(spec, tensors, p, mlp=not sparse)
         if sparse:
             yield from expert_weights(spec, tensors, p)
+            if sparse_extra is not None:
+                yield from sparse_extra(tensors, p)
     yield "model.norm.weight", get_tensor(tensors, "model.norm.weight")
     if not spec.tie_word_embeddings:
         yield "lm_head.weight", get_tensor(tensors, "lm_head.weight")  # [V, H], used with transB
