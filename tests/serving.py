@@ -22,11 +22,13 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, calbin, log_path: Path, *args: str, env: dict | None = None, api_key: str | None = None):
+        """calbin: what `serve` is given: one path, or a list of them (NAME=PATH or PATH each)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "calculet", "serve", str(calbin), "--port", str(self.port), *args]
+        given = [str(c) for c in calbin] if isinstance(calbin, (list, tuple)) else [str(calbin)]
+        cmd = [sys.executable, "-m", "calculet", "serve", *given, "--port", str(self.port), *args]
         if api_key:
             cmd += ["--api-key", api_key]
         self._log = open(log_path, "w")
@@ -68,16 +70,22 @@ class Server:
     def post(self, path: str, body, **kw) -> httpx.Response:
         return httpx.post(self.url + path, json=body, headers=self.headers(), timeout=120, **kw)
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, model: str | None = None) -> dict[str, float]:
         """Samples of /metrics as {'name{labels}': value}, labels sorted by name (Prometheus gives
-        label order no meaning), parsed with prometheus-client's own text parser."""
+        label order no meaning), parsed with prometheus-client's own text parser. One model's view:
+        its samples with the `model` label left out of the key, plus the server-wide ones;
+        `model=None` means the only model served (an error when there are several)."""
+        return metric_samples(self.get("/metrics").text, model=model or "")
+
+    def all_metrics(self) -> dict[str, float]:
+        """Every sample, `model` label included."""
         return metric_samples(self.get("/metrics").text)
 
-    def wait_idle(self, timeout: float = 5.0) -> dict[str, float]:
+    def wait_idle(self, timeout: float = 5.0, model: str | None = None) -> dict[str, float]:
         """Metrics once no request runs or waits and no lane is in use (or the last ones seen)."""
         deadline = time.monotonic() + timeout
         while True:
-            m = self.metrics()
+            m = self.metrics(model)
             idle = m["calculet_lanes_in_use"] == 0 and m["calculet_requests_running"] == 0 and m["calculet_requests_waiting"] == 0
             if idle or time.monotonic() > deadline:
                 return m
@@ -94,11 +102,26 @@ class Server:
         self._log.close()
 
 
-def metric_samples(text: str) -> dict[str, float]:
-    """{'name{label="value",...}': value} of every sample in a Prometheus text exposition, labels sorted."""
+def metric_samples(text: str, model: str | None = None) -> dict[str, float]:
+    """{'name{label="value",...}': value} of every sample in a Prometheus text exposition, labels sorted.
+    model: None keeps every sample; a name keeps that model's samples (and those without a model
+    label) and leaves the `model` label out of the keys; "" does so for the only model there is."""
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    if model == "":
+        names = {s.labels["model"] for s in samples if "model" in s.labels}
+        assert len(names) <= 1, f"/metrics has several models {sorted(names)}; say which one"
+        model = names.pop() if names else None
+        if model is None:
+            return {_key(s.name, s.labels): s.value for s in samples}
     out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-            out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    for s in samples:
+        labels = dict(s.labels)
+        if model is not None and labels.pop("model", model) != model:
+            continue
+        out[_key(s.name, labels)] = s.value
     return out
+
+
+def _key(name: str, labels: dict) -> str:
+    text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return name + (f"{{{text}}}" if text else "")

@@ -1,6 +1,9 @@
 """The HTTP API (FastAPI): OpenAI completions, chat completions and models, plus health, metrics,
-tokenize and detokenize. /health and the OpenAPI document are open; everything else needs the API
-key when one is set."""
+tokenize and detokenize, and the admin endpoints (server/admin.py). /health and the OpenAPI document
+are open; everything else needs the API key when one is set.
+
+Every request names its model; `host.lease(name)` routes it and holds that model until the request
+is queued in its engine (server/host.py), which is what lets unload and reload drain without loss."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from calculet import __version__
 from calculet.errors import CalculetError, RequestError
 from calculet.server import params
+from calculet.server.admin import add_admin_routes
 from calculet.server.errors import error_response, parse_error, status_of, validation_message
 from calculet.server.metrics import CONTENT_TYPE
 from calculet.server.limits import MIN_BODY_BYTES, BodyLimit, check_text_length, default_max_body_bytes
@@ -33,11 +37,6 @@ async def _answer(call: EngineCall, fmt, n: int, body, request: Request, prefix:
     return await respond(call, fmt, n, request, prefix=prefix)
 
 
-def _model_card(m) -> dict:
-    """One entry of /v1/models for a loaded model."""
-    return {"id": m.name, "object": "model", "created": m.created, "owned_by": "calculet", "max_model_len": m.context}
-
-
 def create_app(config, host, metrics) -> FastAPI:
     """config: ServerConfig; host: ModelHost; metrics: ServerMetrics."""
     app = FastAPI(title="Calculet", version=__version__, description="OpenAI-compatible server over a calbin")
@@ -47,7 +46,8 @@ def create_app(config, host, metrics) -> FastAPI:
     def body_limit() -> int:
         if config.max_body_bytes is not None:
             return config.max_body_bytes
-        return default_max_body_bytes(host.model.context) if host.model is not None else MIN_BODY_BYTES
+        contexts = [m.context for m in host.models()]
+        return default_max_body_bytes(max(contexts)) if contexts else MIN_BODY_BYTES
 
     app.add_middleware(BodyLimit, limit=body_limit, on_reject=lambda: metrics.http_errors.labels("413").inc())
 
@@ -98,61 +98,60 @@ def create_app(config, host, metrics) -> FastAPI:
 
     @app.get("/v1/models", dependencies=guard, tags=["openai"])
     async def models():
-        m = host.require()
-        return {"object": "list", "data": [_model_card(m)]}
+        served = host.serving()
+        return {"object": "list", "data": [m.card() for m in served]}
 
     @app.get("/v1/models/{model_id}", dependencies=guard, tags=["openai"])
     async def model_info(model_id: str):
-        m = host.require()
-        params.check_model(model_id, m.name)
-        return _model_card(m)
+        with host.lease(model_id) as m:
+            return m.card()
 
     @app.post("/v1/completions", dependencies=guard, tags=["openai"])
     async def completions(body: CompletionRequest, request: Request):
-        m = host.require()
-        params.check_model(body.model, m.name)
-        if isinstance(body.prompt, str):
-            check_text_length(len(body.prompt), m.max_prompt_chars, m.context)
-        prompt_ids = await text.run(params.completion_prompt, body, m.tokenizer)
-        gen = params.completion_request(body, prompt_ids, m.context, config.request_timeout_s)
-        echo = ""
-        if body.echo:
-            echo = body.prompt if isinstance(body.prompt, str) else await text.run(m.tokenizer.decode, prompt_ids)
-        fmt = CompletionFormat(m.name, m.tokenizer, body.return_token_ids, echo_text=echo if body.stream else "")
-        return await _answer(EngineCall(m.engine, gen), fmt, gen.n, body, request, prefix=echo)
+        with host.lease(body.model) as m:
+            if isinstance(body.prompt, str):
+                check_text_length(len(body.prompt), m.max_prompt_chars, m.context)
+            prompt_ids = await text.run(params.completion_prompt, body, m.tokenizer)
+            gen = params.completion_request(body, prompt_ids, m.context, m.engine.config.request_timeout_s)
+            echo = ""
+            if body.echo:
+                echo = body.prompt if isinstance(body.prompt, str) else await text.run(m.tokenizer.decode, prompt_ids)
+            fmt = CompletionFormat(m.name, m.tokenizer, body.return_token_ids, echo_text=echo if body.stream else "")
+            call = EngineCall(m.engine, gen)
+        return await _answer(call, fmt, gen.n, body, request, prefix=echo)
 
     @app.post("/v1/chat/completions", dependencies=guard, tags=["openai"])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        m = host.require()
-        params.check_model(body.model, m.name)
-        check_text_length(params.chat_chars(body.messages), m.max_prompt_chars, m.context, "messages")
-        prompt_ids = await text.run(params.chat_prompt, body.messages, m)
-        gen = params.chat_request(body, prompt_ids, m.context, config.request_timeout_s, m.chat.stop_token_ids)
-        fmt = ChatFormat(m.name, m.tokenizer, body.return_token_ids)
-        return await _answer(EngineCall(m.engine, gen), fmt, gen.n, body, request)
+        with host.lease(body.model) as m:
+            check_text_length(params.chat_chars(body.messages), m.max_prompt_chars, m.context, "messages")
+            prompt_ids = await text.run(params.chat_prompt, body.messages, m)
+            gen = params.chat_request(body, prompt_ids, m.context, m.engine.config.request_timeout_s,
+                                      m.chat.stop_token_ids)
+            fmt = ChatFormat(m.name, m.tokenizer, body.return_token_ids)
+            call = EngineCall(m.engine, gen)
+        return await _answer(call, fmt, gen.n, body, request)
 
     @app.post("/tokenize", dependencies=guard, tags=["admin"])
     async def tokenize(body: TokenizeRequest):
-        m = host.require()
-        params.check_model(body.model, m.name)
-        if (body.prompt is None) == (body.messages is None):
-            raise RequestError("invalid_parameter", "give exactly one of prompt (text) or messages (chat)")
-        if body.messages is not None:
-            check_text_length(params.chat_chars(body.messages), m.max_prompt_chars, m.context, "messages")
-            ids = await text.run(params.chat_prompt, body.messages, m)
-        else:
-            check_text_length(len(body.prompt), m.max_prompt_chars, m.context)
-            ids = await text.run(m.tokenizer.encode, body.prompt, add_bos=None if body.add_special_tokens else False)
-        return {"tokens": ids, "count": len(ids), "max_model_len": m.context}
+        with host.lease(body.model) as m:
+            if (body.prompt is None) == (body.messages is None):
+                raise RequestError("invalid_parameter", "give exactly one of prompt (text) or messages (chat)")
+            if body.messages is not None:
+                check_text_length(params.chat_chars(body.messages), m.max_prompt_chars, m.context, "messages")
+                ids = await text.run(params.chat_prompt, body.messages, m)
+            else:
+                check_text_length(len(body.prompt), m.max_prompt_chars, m.context)
+                ids = await text.run(m.tokenizer.encode, body.prompt, add_bos=None if body.add_special_tokens else False)
+            return {"tokens": ids, "count": len(ids), "max_model_len": m.context}
 
     @app.post("/detokenize", dependencies=guard, tags=["admin"])
     async def detokenize(body: DetokenizeRequest):
-        m = host.require()
-        params.check_model(body.model, m.name)
-        vocab = m.tokenizer.vocab_size
-        bad = [t for t in body.tokens if not 0 <= t < vocab]
-        if bad:
-            raise RequestError("invalid_parameter", f"tokens has token id {bad[0]}; allowed: 0 <= id <= {vocab - 1}")
-        return {"prompt": await text.run(m.tokenizer.decode, body.tokens)}
+        with host.lease(body.model) as m:
+            vocab = m.tokenizer.vocab_size
+            bad = [t for t in body.tokens if not 0 <= t < vocab]
+            if bad:
+                raise RequestError("invalid_parameter", f"tokens has token id {bad[0]}; allowed: 0 <= id <= {vocab - 1}")
+            return {"prompt": await text.run(m.tokenizer.decode, body.tokens)}
 
+    add_admin_routes(app, config, host)
     return app

@@ -1,4 +1,5 @@
-"""`calculet serve [CALBIN|SOURCE]`: the OpenAI-compatible HTTP server."""
+"""`calculet serve [[NAME=]CALBIN|SOURCE ...]`: the OpenAI-compatible HTTP server, over one model or
+several (`--models models.toml`, server/model_spec.py), each on its chip (server/placement.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,21 @@ from calculet.server.config import ServerConfig  # its field defaults are the fl
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a calbin (or a source, compiled into the cache once) over an OpenAI-compatible API")
-    p.add_argument("model", nargs="?", default=None, metavar="CALBIN|SOURCE",
-                   help="a calbin, HF folder or .gguf file (omit for the embedded default model)")
+    p.add_argument("model", nargs="*", default=[], metavar="[NAME=]CALBIN|SOURCE",
+                   help="calbins, HF folders or .gguf files to serve, each as NAME=PATH or PATH (its name is then "
+                        "derived from the path); omit for the embedded default model")
+    p.add_argument("--models", default=None, metavar="TOML",
+                   help="serve the [[model]] tables of this file (name, source or calbin, chips, lanes, chat_template, "
+                        "max_queue, max_prefill_tokens, request_timeout); keys left out take the flags' values")
+    p.add_argument("--chips", type=int, default=ServerConfig.chips, metavar="N",
+                   help="chips to place models on; each model runs on its own sessions and worker with cores/N "
+                        "threads (unless --threads) (default %(default)s)")
+    p.add_argument("--chip-memory", default=None, metavar="BYTES",
+                   help="memory budget of each chip (e.g. 512M, 8G); a model whose memory plan does not fit is refused "
+                        "(default: unlimited)")
+    p.add_argument("--admin-key", default=None,
+                   help="key of the admin endpoints (/admin/models: load, unload, reload); default: --api-key; with "
+                        "neither they are off")
     p.add_argument("--host", default=ServerConfig.host)
     p.add_argument("--port", type=int, default=ServerConfig.port)
     p.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 and admin routes")
@@ -42,10 +56,32 @@ def serve(args) -> int:
     from calculet.runtime.providers import parse_provider_options
     from calculet.server.runner import run_server
 
-    config = ServerConfig(model=args.model, host=args.host, port=args.port, api_key=args.api_key,
+    from calculet.server.model_spec import ModelSpec, from_argument, read_models_toml
+    from calculet.server.placement import parse_bytes
+
+    if args.models and args.model:
+        from calculet.errors import RequestError
+        raise RequestError("bad_option", "give models either on the command line or with --models, not both")
+    if len(args.model) > 1 and args.served_model_name:
+        from calculet.errors import RequestError
+        raise RequestError("bad_option", "--served-model-name names one model; with several, write NAME=PATH")
+    single = args.model[0] if len(args.model) == 1 else None
+    config = ServerConfig(model=single, host=args.host, port=args.port, api_key=args.api_key,
                           max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens, request_timeout_s=args.request_timeout,
                           served_model_name=args.served_model_name, threads=args.threads,
                           chat_template=args.chat_template, provider=args.provider,
                           provider_options=parse_provider_options(args.provider_option), max_body_bytes=args.max_body_bytes,
-                          drain_timeout_s=args.drain_timeout, job_timeout_s=args.job_timeout)
+                          drain_timeout_s=args.drain_timeout, job_timeout_s=args.job_timeout, chips=args.chips,
+                          chip_memory=parse_bytes(args.chip_memory) if args.chip_memory else None,
+                          admin_key=args.admin_key)
+    specs: tuple[ModelSpec, ...] = ()
+    if args.models:
+        specs = read_models_toml(args.models, config.model_spec())
+    elif len(args.model) == 1 and "=" in args.model[0]:
+        specs = (from_argument(args.model[0], config.model_spec()),)
+    elif len(args.model) > 1:
+        specs = tuple(from_argument(a, config.model_spec()) for a in args.model)
+    if specs:
+        from dataclasses import replace
+        config = replace(config, model=None, models=specs)
     return run_server(config)

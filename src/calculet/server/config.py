@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from calculet.errors import RequestError
@@ -30,6 +29,10 @@ class ServerConfig:
     drain_timeout_s: float = 30.0          # on SIGTERM, how long running requests may take to finish
     job_timeout_s: float = 600.0           # a device job running longer counts as hung (device error);
                                            # = runtime.device.JOB_TIMEOUT_S, not imported so `serve --help` stays light
+    models: tuple = ()                     # ModelSpec per served model; () = one, from `model` and the flags above
+    chips: int = 1                         # chips the server places models on (server/placement.py)
+    chip_memory: int | None = None         # bytes each chip may hold; None: unlimited
+    admin_key: str | None = None           # key of /admin/*; None: the API key; neither: admin is off
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -49,6 +52,20 @@ class ServerConfig:
         if self.chat_template is not None:
             from calculet.engine.chat_templates import resolve
             resolve(self.chat_template)  # a bad name or unreadable file fails at start, not at the first chat
+        if not 1 <= self.chips <= 64:
+            raise RequestError("bad_option", f"--chips must be in 1..64, got {self.chips}")
+        if self.chip_memory is not None and self.chip_memory <= 0:
+            raise RequestError("bad_option", f"--chip-memory must be > 0 bytes, got {self.chip_memory}")
+        if self.admin_key is not None and not self.admin_key.strip():
+            raise RequestError("bad_option", "--admin-key must not be empty")
+        from calculet.server.model_spec import check_unique
+        specs = self.model_specs()
+        check_unique(specs)
+        for spec in specs:
+            bad = [c for c in spec.chips if c >= self.chips]
+            if bad:
+                raise RequestError("bad_option", f"model {spec.name or spec.source}: chip {bad[0]} does not exist; this "
+                                   f"server has {self.chips} chip(s): 0..{self.chips - 1} (--chips)")
 
     def __repr__(self) -> str:  # never print the key
         key = "set" if self.api_key else None
@@ -56,7 +73,9 @@ class ServerConfig:
                 f"max_queue={self.max_queue}, max_prefill_tokens={self.max_prefill_tokens}, request_timeout_s={self.request_timeout_s}, "
                 f"served_model_name={self.served_model_name!r}, threads={self.threads}, chat_template={self.chat_template!r}, "
                 f"provider={self.provider!r}, provider_options={self.provider_options!r}, "
-                f"max_body_bytes={self.max_body_bytes}, drain_timeout_s={self.drain_timeout_s}, job_timeout_s={self.job_timeout_s})")
+                f"max_body_bytes={self.max_body_bytes}, drain_timeout_s={self.drain_timeout_s}, job_timeout_s={self.job_timeout_s}, "
+                f"models={self.models!r}, chips={self.chips}, chip_memory={self.chip_memory}, "
+                f"admin_key={'set' if self.admin_key else None})")
 
     def device_config(self):
         """The runtime's share: provider, its options and threads (validated by DeviceConfig)."""
@@ -76,12 +95,20 @@ class ServerConfig:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
-    def model_name(self, calbin: Path, source_path: str | None) -> str:
-        """The name clients use: --served-model-name, else the name of what was given to serve."""
-        if self.served_model_name:
-            return self.served_model_name
-        given = Path(self.model) if self.model else Path(source_path or calbin)
-        name = given.name
-        for suffix in (".calbin", ".gguf"):
-            name = name.removesuffix(suffix)
-        return name or "calculet"
+    def model_spec(self, source: str | None = None, name: str | None = None):
+        """A model with the server's flags as its options (queue, limits, chat template, chip 0)."""
+        from calculet.server.model_spec import ModelSpec
+
+        return ModelSpec(source=source, name=name, chat_template=self.chat_template, max_queue=self.max_queue,
+                         max_prefill_tokens=self.max_prefill_tokens, request_timeout_s=self.request_timeout_s,
+                         job_timeout_s=self.job_timeout_s)
+
+    def model_specs(self) -> tuple:
+        """The models to serve at start: `models`, else the one given as `model` (or the default model)."""
+        if self.models:
+            return tuple(self.models)
+        return (self.model_spec(self.model, self.served_model_name),)
+
+    @property
+    def admin_secret(self) -> str | None:
+        return self.admin_key or self.api_key

@@ -16,16 +16,21 @@ RETRY_AFTER_S = 1
 
 STATUS_BY_CODE = {
     "unauthorized": 401,
+    "admin_disabled": 403,
+    "model_exists": 409,
+    "model_does_not_fit": 507,
     "model_not_found": 404,
     "not_found": 404,
     "request_timeout": 408,
     "queue_full": 429,
     "model_loading": 503,
     "shutting_down": 503,
+    "model_unloading": 503,
     "device_unavailable": 503,
 }
 STATUS_BY_KIND = {ErrorKind.REQUEST: 400, ErrorKind.MODEL: 500, ErrorKind.DEVICE: 503}
-TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                  404: "invalid_request_error", 409: "invalid_request_error", 507: "server_error",
                   408: "timeout_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
 _PARAM = re.compile(r"^([a-z_][a-z_.0-9]*)(=|: )")

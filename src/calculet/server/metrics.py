@@ -2,12 +2,17 @@
 renders them in the Prometheus text format through `prometheus-client`. Every name starts with
 `calculet_`.
 
+Every per-model series carries a `model` label (the served name): each served model reports through
+its own `ModelMetrics` observer (`for_model(name)`), and its gauges are read from its engine
+(`watch(name, ...)`). Server-wide series (`calculet_http_errors_total`) have no model label.
+
 Each `ServerMetrics` owns its `CollectorRegistry` (never the library's global one), so several
 servers or tests in one process keep separate counts. Gauges are read from the engine when scraped.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
@@ -39,104 +44,135 @@ def counter_values(counter: Counter) -> dict[tuple[str, ...], float]:
 
 
 class _ScrapeGauges:
-    """A collector whose gauges are computed when /metrics is scraped."""
+    """A collector whose gauges are computed when /metrics is scraped, one series per watched model."""
 
     def __init__(self, metrics: ServerMetrics):
         self.metrics = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         m = self.metrics
-        yield GaugeMetricFamily("calculet_healthy", "1 when the model is loaded and the device is healthy, else 0",
-                                value=m._health())
-        snapshot = m._snapshot()
-        for name, help_text, field in _SNAPSHOT_GAUGES:
-            yield GaugeMetricFamily(name, help_text, value=float(getattr(snapshot, field, 0) or 0))
+        watched = m.watched()
+        healthy = GaugeMetricFamily("calculet_healthy", "1 when the model is loaded and its device is healthy, else 0",
+                                    labels=("model",))
+        for name, (_snapshot, health) in watched.items():
+            healthy.add_metric((name,), 1.0 if health() else 0.0)
+        yield healthy
+        snapshots = {name: snapshot() for name, (snapshot, _health) in watched.items()}
+        for gauge, help_text, field in _SNAPSHOT_GAUGES:
+            family = GaugeMetricFamily(gauge, help_text, labels=("model",))
+            for name, snap in snapshots.items():
+                family.add_metric((name,), float(getattr(snap, field, 0) or 0))
+            yield family
         efficiency = GaugeMetricFamily("calculet_device_padding_efficiency",
                                        "Useful tokens / computed tokens since start (1 = no padding waste)",
-                                       labels=("kind",))
+                                       labels=("model", "kind"))
         useful, computed = counter_values(m.useful), counter_values(m.computed)
-        for kind in JOB_KINDS:
-            if computed.get((kind,)):
-                efficiency.add_metric((kind,), useful.get((kind,), 0.0) / computed[(kind,)])
+        for key, total in computed.items():
+            if total:
+                efficiency.add_metric(key, useful.get(key, 0.0) / total)
         yield efficiency
 
 
-class ServerMetrics(EngineObserver):
+class ServerMetrics:
     def __init__(self):
         # No `*_created` series (a start timestamp beside every counter and histogram): /metrics keeps
         # the samples it always had. The switch is the library's, process-wide.
         disable_created_metrics()
         self.registry = r = CollectorRegistry(auto_describe=True)
-        self._snapshot: Callable[[], object] = lambda: None   # set by `watch` once the engine exists
-        self._health: Callable[[], float] = lambda: 0.0
-        self.prompt_tokens = Counter("calculet_prompt_tokens_total", "Prompt tokens of admitted requests", registry=r)
-        self.generation_tokens = Counter("calculet_generation_tokens_total", "Tokens generated", registry=r)
+        self._watched: dict[str, tuple[Callable[[], object], Callable[[], bool]]] = {}
+        self._lock = threading.Lock()
+        M = ("model",)
+        self.prompt_tokens = Counter("calculet_prompt_tokens_total", "Prompt tokens of admitted requests", M, registry=r)
+        self.generation_tokens = Counter("calculet_generation_tokens_total", "Tokens generated", M, registry=r)
         self.requests = Counter("calculet_requests_total", "Requests the engine finished, by outcome "
-                                "(stop, length, error, cancelled, timeout)", ("outcome",), registry=r)
+                                "(stop, length, error, cancelled, timeout)", M + ("outcome",), registry=r)
         self.http_errors = Counter("calculet_http_errors_total", "Error responses by HTTP status", ("status",), registry=r)
-        self.queue_time = Histogram("calculet_request_queue_seconds", "Arrival to first lane allocated",
+        self.queue_time = Histogram("calculet_request_queue_seconds", "Arrival to first lane allocated", M,
                                     buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("calculet_time_to_first_token_seconds", "Arrival to first token sampled",
+        self.ttft = Histogram("calculet_time_to_first_token_seconds", "Arrival to first token sampled", M,
                               buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("calculet_inter_token_latency_seconds", "Time between consecutive tokens of a sequence",
+        self.itl = Histogram("calculet_inter_token_latency_seconds", "Time between consecutive tokens of a sequence", M,
                              buckets=STEP_BUCKETS, registry=r)
-        self.e2e = Histogram("calculet_e2e_request_latency_seconds", "Arrival to the request's end",
+        self.e2e = Histogram("calculet_e2e_request_latency_seconds", "Arrival to the request's end", M,
                              buckets=LATENCY_BUCKETS, registry=r)
         self.phase = Histogram("calculet_device_phase_seconds", "Device time per job and phase "
-                               "(queued, input_prep, infer, output_fetch)", ("kind", "phase"), buckets=STEP_BUCKETS,
+                               "(queued, input_prep, infer, output_fetch)", M + ("kind", "phase"), buckets=STEP_BUCKETS,
                                registry=r)
-        self.sampling = Histogram("calculet_sampling_seconds", "Host sampling time per engine step",
+        self.sampling = Histogram("calculet_sampling_seconds", "Host sampling time per engine step", M,
                                   buckets=STEP_BUCKETS, registry=r)
-        self.useful = Counter("calculet_device_useful_tokens_total", "Real tokens in device jobs", ("kind",), registry=r)
+        self.useful = Counter("calculet_device_useful_tokens_total", "Real tokens in device jobs", M + ("kind",), registry=r)
         self.computed = Counter("calculet_device_computed_tokens_total", "Tokens the graphs computed, padding included",
-                                ("kind",), registry=r)
-        self.device_errors = Counter("calculet_device_errors_total", "Device failures, by error code", ("code",), registry=r)
+                                M + ("kind",), registry=r)
+        self.device_errors = Counter("calculet_device_errors_total", "Device failures, by error code", M + ("code",),
+                                     registry=r)
         self.requeued_sequences = Counter("calculet_requeued_sequences_total", "Sequences re-prefilled after a device reset",
-                                          registry=r)
-        self.device_resets = Counter("calculet_device_resets_total", "Device resets, by result", ("result",), registry=r)
+                                          M, registry=r)
+        self.device_resets = Counter("calculet_device_resets_total", "Device resets, by result", M + ("result",), registry=r)
         r.register(_ScrapeGauges(self))
 
-    def watch(self, snapshot, health) -> None:
-        """Read gauges from `snapshot()` (an EngineSnapshot) and `health()` (bool) when scraped."""
-        self._snapshot = snapshot
-        self._health = lambda: 1.0 if health() else 0.0
+    def for_model(self, name: str) -> ModelMetrics:
+        """The observer a model's engine reports into."""
+        return ModelMetrics(self, name)
+
+    def watch(self, name: str, snapshot, health) -> None:
+        """Read model `name`'s gauges from `snapshot()` (an EngineSnapshot) and `health()` (bool) when scraped."""
+        with self._lock:
+            self._watched[name] = (snapshot, health)
+
+    def unwatch(self, name: str) -> None:
+        """An unloaded model's gauges go; its counters stay (they only ever grow)."""
+        with self._lock:
+            self._watched.pop(name, None)
+
+    def watched(self) -> dict:
+        with self._lock:
+            return dict(self._watched)
 
     def render(self) -> str:
         return generate_latest(self.registry).decode("utf-8")
 
-    # --- EngineObserver ------------------------------------------------------------------
+
+class ModelMetrics(EngineObserver):
+    """One model's engine observer: everything it reports is labelled with the model's name."""
+
+    def __init__(self, metrics: ServerMetrics, name: str):
+        self.m = metrics
+        self.name = name
+
     def job(self, kind: str, timings: PhaseTimings, useful_tokens: int) -> None:
-        self.phase.labels(kind, "queued").observe(timings.queued)
-        for name in PHASES:
-            self.phase.labels(kind, name).observe(getattr(timings, name))
-        self.useful.labels(kind).inc(useful_tokens)
-        self.computed.labels(kind).inc(timings.computed_tokens)
+        m, n = self.m, self.name
+        m.phase.labels(n, kind, "queued").observe(timings.queued)
+        for phase in PHASES:
+            m.phase.labels(n, kind, phase).observe(getattr(timings, phase))
+        m.useful.labels(n, kind).inc(useful_tokens)
+        m.computed.labels(n, kind).inc(timings.computed_tokens)
 
     def sampled(self, seconds: float, tokens: int) -> None:
         if tokens:
-            self.sampling.observe(seconds)
-            self.generation_tokens.inc(tokens)
+            self.m.sampling.labels(self.name).observe(seconds)
+            self.m.generation_tokens.labels(self.name).inc(tokens)
 
     def admitted(self, queue_s: float, prompt_tokens: int) -> None:
-        self.queue_time.observe(queue_s)
-        self.prompt_tokens.inc(prompt_tokens)
+        self.m.queue_time.labels(self.name).observe(queue_s)
+        self.m.prompt_tokens.labels(self.name).inc(prompt_tokens)
 
     def first_token(self, ttft_s: float) -> None:
-        self.ttft.observe(ttft_s)
+        self.m.ttft.labels(self.name).observe(ttft_s)
 
     def inter_token(self, gaps_s: list[float]) -> None:
+        itl = self.m.itl.labels(self.name)
         for gap in gaps_s:
-            self.itl.observe(gap)
+            itl.observe(gap)
 
     def finished(self, outcome: str, e2e_s: float) -> None:
-        self.requests.labels(outcome).inc()
-        self.e2e.observe(e2e_s)
+        self.m.requests.labels(self.name, outcome).inc()
+        self.m.e2e.labels(self.name).observe(e2e_s)
 
     def device_error(self, code: str) -> None:
-        self.device_errors.labels(code).inc()
+        self.m.device_errors.labels(self.name, code).inc()
 
     def requeued(self, sequences: int) -> None:
-        self.requeued_sequences.inc(sequences)
+        self.m.requeued_sequences.labels(self.name).inc(sequences)
 
     def device_reset(self, seconds: float, ok: bool) -> None:
-        self.device_resets.labels("ok" if ok else "failed").inc()
+        self.m.device_resets.labels(self.name, "ok" if ok else "failed").inc()

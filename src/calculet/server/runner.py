@@ -1,5 +1,6 @@
-"""Run the server: bind at once (so /health can say "loading"), load the model in the background,
-log one line with the URL when both are ready. A model that fails to load ends the process (exit 2).
+"""Run the server: bind at once (so /health can say "loading"), load the models in the background,
+log one line with the URL when both are ready. With one model, a model that fails to load ends the
+process (exit 2); with several, the others are served and only none loading ends it.
 SIGTERM and Ctrl-C drain (server/drain.py) and exit 0."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def run_server(config) -> int:
     from calculet.server.app import create_app
     from calculet.server.drain import Drain
     from calculet.server.metrics import ServerMetrics
-    from calculet.server.model import ModelHost
+    from calculet.server.host import ModelHost
 
     _setup_logging()
     metrics = ServerMetrics()
@@ -56,7 +57,8 @@ def run_server(config) -> int:
 
     def _load_then_announce() -> None:
         t0 = time.perf_counter()
-        log.info("loading %s", config.model or "the embedded default model")
+        specs = host.specs
+        log.info("loading %s", ", ".join(s.source or "the embedded default model" for s in specs))
         host.load()
         if host.state != "ready":
             log.error("cannot serve: %s", host.error.one_line() if hasattr(host.error, "one_line") else host.error)
@@ -65,9 +67,9 @@ def run_server(config) -> int:
             return
         while not server.started and not server.should_exit:
             time.sleep(0.01)
-        m = host.model
-        log.info("ready at %s/v1 (model %s, lanes %d, context %d, loaded in %.1f s)", config.url, m.name, m.lanes,
-                 m.context, time.perf_counter() - t0)
+        for m in host.models():
+            log.info("ready at %s/v1 (model %s on chip %s, lanes %d, context %d, loaded in %.1f s)", config.url, m.name,
+                     ",".join(map(str, m.chips)), m.lanes, m.context, time.perf_counter() - t0)
 
     server.run()
     if not server.started and state["exit"] == 0:
