@@ -20,6 +20,7 @@ _COMMANDS = [
     "calculet.validation",     # validate (gates A-E from calbin/, gate F through the runtime)
     "calculet.planner.cli",    # plan
     "calculet.server.cli",     # serve
+    "calculet.server.admin_cli",  # admin (load, unload, reload, list on a running server)
     "calculet.bench.cli",      # bench
     "calculet.numerics.cli",   # reference make, compare, eval perplexity
 ]

@@ -211,7 +211,7 @@ class ModelHost:
     def health(self) -> tuple[bool, dict]:
         with self._lock:
             served = list(self._served.values())
-        if not served:
+        if not served or not self.loaded.is_set():   # ready once every start-up model is loaded or refused
             return False, {"status": "draining" if self.draining.is_set() else self.state}
         entries = [self._health_of(s) for s in served]
         first = entries[0]
