@@ -143,6 +143,18 @@ def test_each_model_has_its_own_metrics_series(server):
     assert m['calculet_healthy{model="b"}'] == 1 and after["calculet_lanes_in_use"] == 0
 
 
+def test_admin_cli_lists_and_refuses_without_the_key(server, capsys):
+    from calculet.cli import main
+
+    assert main(["admin", "list", "--url", server.url, "--key", KEY]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [m["id"] for m in listed["data"]] == ["a", "b", "slow"]
+    assert main(["admin", "unload", "a", "--url", server.url, "--key", "wrong"]) == 2
+    assert "unauthorized" in capsys.readouterr().err
+    assert main(["admin", "unload", "nope", "--url", server.url, "--key", KEY]) == 2
+    assert "model_not_found" in capsys.readouterr().err
+
+
 def test_admin_endpoints_need_the_key(server, calbins):
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         for method, path in (("GET", "/admin/models"), ("DELETE", "/admin/models/a"), ("POST", "/admin/models/a/reload"),
