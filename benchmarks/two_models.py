@@ -63,7 +63,7 @@ def start(models_toml: str, chips: int, extra: list[str]) -> tuple[subprocess.Po
 async def one_request(client: httpx.AsyncClient, url: str, model: str, max_tokens: int) -> tuple[float, list[float]]:
     """(time to first token, token arrival times) of one streamed completion."""
     body = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+            "stream": True, "return_token_ids": True}
     t0 = time.perf_counter()
     arrivals = []
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -74,8 +74,9 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, max_token
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
                     raise RuntimeError(f"{model}: {chunk['error']}")
-                if chunk["choices"] and chunk["choices"][0].get("text"):
-                    arrivals.append(time.perf_counter())
+                now = time.perf_counter()
+                for choice in chunk["choices"]:
+                    arrivals.extend([now] * len(choice.get("token_ids") or ()))
     return (arrivals[0] - t0 if arrivals else float("nan")), arrivals
 
 

@@ -277,3 +277,21 @@ def test_a_model_over_the_chip_budget_is_refused_with_the_numbers_and_the_others
         assert token_ids(complete(server, "b", PROMPTS[1])) == solo["b"][1]
     else:
         assert r.status_code == 507
+
+
+@pytest.mark.slow
+def test_default_model_and_a_tiny_one_on_separate_chips_give_their_solo_answers(served_default_calbin, calbins, solo,
+                                                                                start_server):
+    prompts = PROMPTS[:3]
+    with LLM(str(served_default_calbin)) as llm:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+        default_solo = [list(o.outputs[0].token_ids) for o in outs]
+    server = start_server([f"default={served_default_calbin}", f"tiny={calbins['a']}"], "--chips", "2", timeout=300)
+    jobs = [(model, i) for _ in range(2) for i in range(len(prompts)) for model in ("default", "tiny")]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda job: token_ids(complete(server, job[0], prompts[job[1]])), jobs))
+    for (model, i), ids in zip(jobs, got):
+        assert ids == (default_solo[i] if model == "default" else solo["a"][i]), (model, prompts[i])
+    chat = server.post("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "Hi"}],
+                                                "max_tokens": 4})
+    assert chat.status_code == 200, chat.text   # the default model chats out of the box (Gemma's template)
