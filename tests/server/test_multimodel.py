@@ -203,6 +203,15 @@ def test_reload_under_load_fails_no_request_and_then_answers_from_the_new_versio
     assert server.get("/v1/models/a").json()["root"] == str(calbins["a2"])
 
 
+def test_a_reload_that_cannot_load_keeps_the_old_version_serving(server, tmp_path, solo):
+    root = server.get("/v1/models/b").json()["root"]
+    r = httpx.post(server.url + "/admin/models/b/reload", json={"source": str(tmp_path / "missing.calbin")},
+                   headers=admin_headers(), timeout=60)
+    assert r.status_code >= 400 and "missing.calbin" in r.json()["error"]["message"], r.text
+    assert server.get("/v1/models/b").json()["root"] == root
+    assert token_ids(complete(server, "b", PROMPTS[3])) == solo["b"][3]
+
+
 def _health_says(server, model: str, status: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

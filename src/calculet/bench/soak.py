@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -95,12 +96,17 @@ def proc_stats(pid: int) -> dict:
             "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
+_MODEL_LABEL = re.compile(r'model="(?:[^"\\]|\\.)*",?')
+
+
 def scrape(text: str) -> dict[str, float]:
-    out = {}
+    """{'name{labels}': value} of /metrics, summed over the served models (their `model` label dropped)."""
+    out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
-            out[name] = float(value)
+            name = _MODEL_LABEL.sub("", name).replace(",}", "}").replace("{}", "")
+            out[name] = out.get(name, 0.0) + float(value)
     return out
 
 
