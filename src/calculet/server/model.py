@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from calculet.errors import CalculetError
+from calculet.errors import CalculetError, ModelError, RequestError
 from calculet.server.limits import max_prompt_chars, max_token_chars
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,17 @@ class LoadedModel:
 
 def load_model(spec, config, placement, metrics) -> LoadedModel:
     """spec: ModelSpec; config: ServerConfig (provider); placement: Placement; metrics: ServerMetrics.
-    Refuses a model that does not fit its chip before any session is opened."""
+    Refuses a model that does not fit its chip before any session is opened. Every failure is a
+    CalculetError (an unexpected one becomes load_failed with its type and message)."""
+    try:
+        return _load(spec, config, placement, metrics)
+    except CalculetError:
+        raise
+    except Exception as exc:  # a broken calbin or runtime: say what, never a bare 500
+        raise ModelError("load_failed", f"{spec.source or 'the default model'}: {type(exc).__name__}: {exc}") from exc
+
+
+def _load(spec, config, placement, metrics) -> LoadedModel:
     from calculet.cache import ensure_calbin
     from calculet.compiler.options import CompileOptions
     from calculet.engine.engine import Engine
@@ -52,6 +63,9 @@ def load_model(spec, config, placement, metrics) -> LoadedModel:
     from calculet.runtime.providers import SOURCE_COMPILE
     from calculet.server.placement import device_config
 
+    if spec.source is not None and not Path(spec.source).exists():
+        raise RequestError("source_not_found", f"{spec.source}: no such file or folder; give a calbin, a Hugging Face "
+                           "folder or a .gguf file")
     compile_options = dict(SOURCE_COMPILE[config.provider])
     if spec.lanes is not None:
         compile_options["lanes"] = spec.lanes
@@ -62,7 +76,6 @@ def load_model(spec, config, placement, metrics) -> LoadedModel:
     manifest = program.manifest
     name = spec.name_for(calbin, manifest.model.source.path)
     if spec.lanes is not None and manifest.kv.lanes != spec.lanes:
-        from calculet.errors import RequestError
         raise RequestError("bad_option", f"model {name!r}: lanes = {spec.lanes}, but the calbin {calbin} was compiled with "
                            f"{manifest.kv.lanes} lanes; drop lanes or recompile with --lanes {spec.lanes}")
     reservation = placement.reserve(name, spec.chips, manifest.memory_plan)
