@@ -70,6 +70,7 @@ name = "b"
 calbin = "{calbins['b']}"
 chips = [1]
 max_queue = 16
+chat_template = "chatml"
 
 [[model]]
 name = "slow"
@@ -123,6 +124,16 @@ def test_two_models_under_concurrent_load_give_their_solo_answers(server, solo):
     assert solo["a"] != solo["b"]   # the seeds differ, so routing to the wrong model would show
     # a request that names no model goes to the first one
     assert token_ids(complete(server, None, PROMPTS[0])) == solo["a"][0]
+
+
+def test_each_model_has_its_own_chat_template(server):
+    messages = [{"role": "user", "content": "hi"}]
+    texts = {}
+    for model in ("a", "b"):
+        ids = server.post("/tokenize", {"model": model, "messages": messages}).json()["tokens"]
+        texts[model] = server.post("/detokenize", {"model": model, "tokens": ids}).json()["prompt"]
+    assert "<user>hi" in texts["a"] and "im_start" not in texts["a"]     # the tiny model's own template
+    assert "im_start" in texts["b"] and "user" in texts["b"]  # chat_template = "chatml" in models.toml
 
 
 def test_each_model_has_its_own_metrics_series(server):
