@@ -25,17 +25,20 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_calbin(tiny_model_dir, tmp_path_factory):
-    """tiny_calbin(arch, lanes=4, context=64, chunks=(4, 16), golden=False, weights="fp32") -> calbin path."""
+    """tiny_calbin(arch, lanes=4, context=64, chunks=(4, 16), golden=False, weights="fp32", chips=1, partition="")
+    -> calbin path."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
     made = {}
 
-    def get(arch: str, lanes: int = 4, context: int = 64, chunks=(4, 16), golden: bool = False, weights: str = "fp32"):
-        key = (arch, lanes, context, tuple(chunks), golden, weights)
+    def get(arch: str, lanes: int = 4, context: int = 64, chunks=(4, 16), golden: bool = False, weights: str = "fp32",
+            chips: int = 1, partition: str = ""):
+        key = (arch, lanes, context, tuple(chunks), golden, weights, chips, partition)
         if key not in made:
             out = tmp_path_factory.mktemp(f"calbin-{arch}") / "model.calbin"
-            options = CompileOptions(lanes=lanes, context=context, prefill_chunks=tuple(chunks), golden=golden, weights=weights)
+            options = CompileOptions(lanes=lanes, context=context, prefill_chunks=tuple(chunks), golden=golden, weights=weights,
+                                     chips=chips, partition=partition)
             made[key] = compile_calbin(str(tiny_model_dir(arch)), out, options, log=lambda _m: None)
         return made[key]
 

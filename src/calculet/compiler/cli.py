@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
     p.add_argument("--probes", action="store_true",
                    help="debug build: every module's output (embedding, norms, attention, MLP, each layer) is also a "
                         "graph output, for `calculet compare --probe`")
+    p.add_argument("--chips", type=int, default=1, help="split the model over this many chips (1..8; needs --partition)")
+    p.add_argument("--partition", default="", choices=["", "pp", "tp"],
+                   help="how --chips splits the model: pp (contiguous layer ranges, the hidden state sent chip to "
+                        "chip) or tp (attention heads and FFN columns split, partial outputs all-reduced)")
     p.set_defaults(func=run)
 
 
@@ -47,6 +51,7 @@ def run(args) -> int:
                              target=args.target, weights=args.weights, block_size=args.block_size, golden=not args.no_golden,
                              decode_lanes=parse_chunks(args.decode_lanes) if args.decode_lanes else (),
                              fusions=parse_fusions(args.fuse, args.no_fuse), expert_stats=args.expert_stats,
-                             probes=args.probes, quant=parse_quant(args.quant, args.block_size))
+                             probes=args.probes, quant=parse_quant(args.quant, args.block_size),
+                             chips=args.chips, partition=args.partition)
     compile_calbin(args.source, args.output, options)
     return 0

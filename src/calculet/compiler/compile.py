@@ -108,17 +108,22 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions, options.quant)
     rope = G.add_rope_tables(spec, profile.context, weights)
     check_stored(weight_plan(spec, options), weights, quant_record)  # `calculet plan` lists the same bytes
-    with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
-        weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
+    if options.chips == 1:  # a partitioned calbin stores each chip's share under chips/<c>/ instead
+        with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
+            weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
 
     in_place = options.target == "cpu"  # standard ONNX cannot update an input in place
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
                                 options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats)
-    for n, gs in enumerate(signatures):
-        model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes)
-        if options.probes:  # the manifest lists every output, the probes too
-            signatures[n] = gs = replace(gs, outputs=gs.outputs + G.probe_outputs(model))
-        onnx.save_model(model, str(folder / gs.file))
+    builds = None
+    if options.chips > 1:  # per-chip graphs, written with their weights after the base manifest exists
+        builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile)
+    else:
+        for n, gs in enumerate(signatures):
+            model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes)
+            if options.probes:  # the manifest lists every output, the probes too
+                signatures[n] = gs = replace(gs, outputs=gs.outputs + G.probe_outputs(model))
+            onnx.save_model(model, str(folder / gs.file))
 
     kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim,
                   in_place)
@@ -130,7 +135,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     if golden is not None:  # the reference run's libraries (torch, transformers) produced golden/
         from calculet.reference.hf import producer_versions
         versions.update(producer_versions())
-    write_manifest(Manifest(   # built once, complete: every file is written before it
+    manifest = Manifest(   # built once, complete: every file is written before it
         schema_version=SCHEMA_VERSION,
         target=options.target,
         model=ModelInfo(spec.family, spec.model_type, spec, SourceInfo(source.kind, source.path, source.source_sha256)),
@@ -145,10 +150,38 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         memory_plan=build_memory_plan(spec, kv, weights.nbytes, signatures),
         golden=golden,
         toolchain=Toolchain(*(versions[k] for k in ("calculet", "onnx", "onnxruntime", "numpy", "python"))),
-        files=_file_table(folder),
+        files={},
         passes=tuple(sorted(options.fusions)),
         provenance=provenance(source.kind, source.path, source_arg, options, versions),
-    ), folder)
+    )
+    if builds is not None:
+        manifest = _write_chips(folder, manifest, builds, schedules, head_chip, weights, options)
+    write_manifest(replace(manifest, files=_file_table(folder)), folder)
+
+
+def _partition_builds(spec, signatures, weights, rope, options, profile):
+    from calculet.compiler import partition
+
+    if options.partition == "pp":
+        return partition.build_pp(spec, signatures, weights, rope, options, profile.context, profile.lanes)
+    from calculet.compiler import tensor_parallel
+    return tensor_parallel.build_tp(spec, signatures, weights, rope, options, profile.context, profile.lanes)
+
+
+def _write_chips(folder: Path, manifest: Manifest, builds, schedules, head_chip, weights, options) -> Manifest:
+    """chips/<c>/ for every chip; the top manifest's weights and memory plan become the chips' sums."""
+    from calculet.compiler import partition
+
+    parts, stores = [], []
+    for b in builds:
+        part, store = partition.write_chip(folder, b, b.weights or weights, manifest, _file_table)
+        parts.append(part)
+        stores.append(store)
+    total = sum(p.weights_bytes for p in parts)
+    info = WeightsInfo("", total, "per chip: chips/<c>/graphs/weights.bin (see partition.chips)", ())
+    return replace(manifest, weights=info,
+                   memory_plan=build_memory_plan(manifest.spec, manifest.kv, total, list(manifest.graphs)),
+                   partition=partition.assemble(options.partition, parts, schedules, head_chip, stores))
 
 
 def _file_table(folder: Path) -> dict[str, FileEntry]:

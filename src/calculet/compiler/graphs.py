@@ -19,6 +19,8 @@ its own small graphs so its (large) weights are prepared once per row count, not
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from onnx import ModelProto
 
@@ -29,19 +31,32 @@ from calculet.compiler.weights import WeightStore
 from calculet.models.base import ModelSpec, lm_head_name
 
 
+@dataclass(frozen=True)
+class Stage:
+    """A pipeline stage's share of a body graph (`--partition pp`): its layers, and whether it embeds
+    the tokens (the first stage) and ends with the final norm (the last stage). Other stages take
+    `hidden_in [L, S, H]` and give `hidden_out [L, S, H]`, the residual stream after their last layer."""
+    layers: tuple[int, ...]
+    first: bool
+    last: bool
+
+
 def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, context: int,
-                    in_place: bool = True, expert_stats: bool = False) -> GraphSpec:
+                    in_place: bool = True, expert_stats: bool = False, stage: Stage | None = None) -> GraphSpec:
+    stage = stage or Stage(tuple(range(spec.num_layers)), True, True)
     kv_shape = (lanes, spec.num_kv_heads, context, spec.head_dim)
     inputs = [
-        TensorSpec("input_ids", (lanes, tokens), "int64"),
+        TensorSpec("input_ids", (lanes, tokens), "int64") if stage.first
+        else TensorSpec("hidden_in", (lanes, tokens, spec.hidden_size), "float32"),
         TensorSpec("seqlens_k", (lanes,), "int32"),
     ]
     if in_place:  # GroupQueryAttention reads it; a portable body has no use for it (see GraphBuilder.build)
         inputs.append(TensorSpec("total_seq_len", (), "int32"))
-    if kind == PREFILL:
+    if kind == PREFILL and stage.last:
         inputs.append(TensorSpec("last_index", (1,), "int64"))
-    outputs = [TensorSpec("hidden", (lanes, spec.hidden_size), "float32")]
-    for i in range(spec.num_layers):
+    outputs = [TensorSpec("hidden", (lanes, spec.hidden_size), "float32") if stage.last
+               else TensorSpec("hidden_out", (lanes, tokens, spec.hidden_size), "float32")]
+    for i in stage.layers:
         pk, pv, nk, nv = kv_names(i)
         inputs += [TensorSpec(pk, kv_shape, "float32"), TensorSpec(pv, kv_shape, "float32")]
         if in_place:
@@ -52,6 +67,11 @@ def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: i
     if expert_stats and spec.moe is not None:  # 1 where a row was routed to an expert, per sparse layer
         outputs.append(TensorSpec("expert_mask", (len(spec.moe.sparse_layers), lanes * tokens, spec.moe.num_experts), "uint8"))
     return GraphSpec(name, kind, lanes, tokens, tuple(inputs), tuple(outputs))
+
+
+def stage_signature(spec: ModelSpec, logical: GraphSpec, context: int, stage: Stage) -> GraphSpec:
+    """A pipeline stage's version of the logical body graph `logical` (same name, kind and shape)."""
+    return _body_signature(spec, logical.name, logical.type, logical.lanes, logical.tokens, context, True, False, stage)
 
 
 def _head_signature(spec: ModelSpec, rows: int, topk: int) -> GraphSpec:
@@ -93,7 +113,7 @@ PROBE_PREFIX = "probe:"
 
 def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
                 rope_tables: dict, target: str = "cpu", fusions: frozenset[str] = frozenset(),
-                probes: bool = False) -> ModelProto:
+                probes: bool = False, stage: Stage | None = None) -> ModelProto:
     """The graph of `gs`. With `probes` (a debug build), bodies also output every module's result
     as `probe:<HF module name>` [L, S, width], in execution order (see `probe_outputs`)."""
     g = GraphBuilder(gs.name, weights, target, fusions, probes=probes and gs.type != HEAD)
@@ -102,7 +122,7 @@ def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
     if gs.type == HEAD:
         outputs = _build_head(g, spec, gs)
     else:
-        outputs = _build_body(g, spec, gs, rope_tables)
+        outputs = _build_body(g, spec, gs, rope_tables, stage or Stage(tuple(range(spec.num_layers)), True, True))
     for t in gs.outputs:
         g.output(outputs.get(t.name, t.name), t.name, np.dtype(t.dtype), t.shape)
     for module, value, width, positions in g.probes:
@@ -120,7 +140,7 @@ def probe_outputs(model: ModelProto) -> tuple[TensorSpec, ...]:
     return tuple(out)
 
 
-def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: dict) -> dict:
+def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: dict, stage: Stage) -> dict:
     portable = None
     if g.target == "portable":
         context = next(t.shape[2] for t in gs.inputs if t.name == "past_key.0")
@@ -133,14 +153,21 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: di
         rows=gs.lanes * gs.tokens,
         expert_masks=[] if any(t.name == "expert_mask" for t in gs.outputs) else None,
     )
-    stream = layers.Stream(decoder.embed(g, spec, "input_ids"))             # [L, S, H]
-    g.probe("model.embed_tokens", stream.x, spec.hidden_size)
-    for i in range(spec.num_layers):
+    if stage.first:
+        stream = layers.Stream(decoder.embed(g, spec, "input_ids"))         # [L, S, H]
+        g.probe("model.embed_tokens", stream.x, spec.hidden_size)
+    else:
+        stream = layers.Stream("hidden_in")                                  # [L, S, H] from the stage before
+    for i in stage.layers:
         stream = decoder.build_layer(g, spec, i, stream, ctx)                # [L, S, H]
         if g.probing:  # the layer's output is the residual sum the next norm would fuse
             total = stream.x if stream.pending is None else g.op("Add", [stream.x, stream.pending],
                                                                   name=f"/probes/layers.{i}/ResidualAdd")
             g.probe(f"model.layers.{i}", total, spec.hidden_size)
+    if not stage.last:  # hand the residual stream on: x plus the pending branch, added here
+        total = stream.x if stream.pending is None else g.op("Add", [stream.x, stream.pending],
+                                                              name="/model/stage_out/ResidualAdd")
+        return {"hidden_out": total}
     if gs.type == PREFILL:  # only the last real token goes on: gather before the final norm
         gather = lambda v, n: g.op("Gather", [v, "last_index"], name=f"/model/last_token/{n}", axis=1)  # noqa: E731
         stream = layers.Stream(gather(stream.x, "GatherX"), gather(stream.pending, "GatherBranch"))  # [1, 1, H]

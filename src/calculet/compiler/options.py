@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calculet.calbin.manifest import TARGETS
+from calculet.calbin.partition import PARTITIONS
 from calculet.compiler.quantize import WEIGHT_POLICIES, policy_table
 from calculet.errors import RequestError
 
@@ -19,6 +20,7 @@ PORTABLE_POLICIES = ("fp32", "fp16", "int8")
 # Attention is always the fused GroupQueryAttention with in-place KV (the runtime's contract).
 FUSIONS = ("sampling-head", "skip-norm", "qkv", "gate-up", "coarse-head")
 SAMPLING_HEAD_K = 64
+MAX_CHIPS = 8
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class CompileOptions:
     expert_stats: bool = False   # MoE: bodies also output each row's routed experts (`expert_mask`)
     probes: bool = False         # debug build: every module's output is also a graph output (compare --probe)
     quant: tuple = ()            # per-module overrides of the policy (compiler/quant_spec.Override, from --quant)
+    chips: int = 1               # --chips N: split the model over N chips (needs a partition)
+    partition: str = ""          # --partition pp|tp (calbin/partition.py); "" on one chip
 
     def cache_key(self) -> str:
         """Stable across processes (a frozenset's repr order is not)."""
@@ -75,6 +79,16 @@ class CompileOptions:
                 raise RequestError("bad_option", f"--decode-lanes: {n} must be in 1..lanes ({self.lanes})")
         if self.quant and self.target == "portable" and any(o.fmt.kind == "int4" for o in self.quant):
             raise RequestError("bad_option", "--target portable supports int8 weights only; --quant asks for int4")
+        if not 1 <= self.chips <= MAX_CHIPS:
+            raise RequestError("bad_option", f"--chips must be in 1..{MAX_CHIPS}, got {self.chips}")
+        if self.chips > 1 and self.partition not in PARTITIONS:
+            raise RequestError("bad_option", f"--chips {self.chips} needs --partition {' or '.join(PARTITIONS)}, "
+                                             f"got {self.partition or 'none'}")
+        if self.chips == 1 and self.partition:
+            raise RequestError("bad_option", f"--partition {self.partition} needs --chips 2 or more")
+        if self.chips > 1 and (self.target != "cpu" or self.expert_stats or self.probes):
+            raise RequestError("bad_option", "--chips > 1 builds --target cpu calbins without --expert-stats or "
+                                             "--probes (the chip graphs update KV in place)")
         unknown = set(self.fusions) - set(FUSIONS)
         if unknown:
             raise RequestError("bad_option", f"unknown fusion {sorted(unknown)}; known: {', '.join(FUSIONS)}")

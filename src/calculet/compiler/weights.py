@@ -114,6 +114,21 @@ class WeightStore:
             entry.key, entry.value = key, value
         return t
 
+    def subset(self, names) -> "WeightStore":
+        """A new store holding `names` (and the base tensor of any alias among them), in this store's
+        order: one chip's share of the weights (`--chips N`)."""
+        wanted = set(names)
+        by_offset = {self._entries[n].offset: n for n in self._arrays}
+        bases = {by_offset[self._entries[n].offset] for n in wanted if n not in self._arrays}
+        out = WeightStore()
+        for name in self._arrays:
+            if name in wanted or name in bases:
+                out.add(name, self._arrays[name])
+        for name in wanted - set(self._arrays):
+            out.add_alias(name, by_offset[self._entries[name].offset], self._entries[name].shape)
+        out._quant = {n: q for n, q in self._quant.items() if f"{n}.qcodes" in out}
+        return out
+
     def write(self, path: Path, progress=None) -> None:
         with open(path, "wb") as f:
             for e in self._entries.values():
@@ -124,6 +139,22 @@ class WeightStore:
                 if progress is not None:
                     progress.update(e.nbytes)
             f.truncate(self._size)
+
+
+def used_weights(model) -> list[str]:
+    """Names of the external initializers a built graph reads."""
+    return [t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+
+
+def relocate(model, store: WeightStore) -> None:
+    """Point a built graph's external initializers at their offsets in `store` (a chip's own weights file)."""
+    for t in model.graph.initializer:
+        if t.data_location != TensorProto.EXTERNAL:
+            continue
+        e = store.entry(t.name)
+        for entry in t.external_data:
+            if entry.key == "offset":
+                entry.value = str(e.offset)
 
 
 def onnx_dtype(np_dtype) -> int:

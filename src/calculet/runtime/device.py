@@ -30,11 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from calculet.errors import CalculetError, DeviceError, ModelError, RequestError
-from calculet.runtime.bindings import BodyBinding, HeadBinding
+from calculet.runtime.bindings import BodyBinding, HeadBinding  # noqa: F401  (the bindings' types)
 from calculet.runtime.chunking import graph_for
 from calculet.runtime.faults import FaultPlan
 from calculet.runtime.jobs import DecodeJob, JobHandle, JobResult, PhaseTimings, PrefillJob
-from calculet.runtime.lanes import Lanes
+from calculet.runtime.lanes import Lanes  # noqa: F401
 from calculet.runtime.program import DeviceConfig, Program
 
 # How long a caller waits for one device job before counting it as failed (engine, `calculet run`,
@@ -56,8 +56,16 @@ class _Worker:
 
 
 class Device:
-    def __init__(self, config: DeviceConfig | None = None, faults: FaultPlan | None = None):
+    def __init__(self, config: DeviceConfig | None = None, faults: FaultPlan | None = None, chips: tuple = ()):
+        """chips: the `runtime.chips.ChipConfig`s this device runs on (default: one chip from `config`).
+        A partitioned calbin needs exactly as many chips as it was compiled for."""
+        from calculet.runtime.chips import ChipConfig
+
         self.config = config or DeviceConfig()
+        self.chips = tuple(chips) or (ChipConfig(0, self.config.provider, self.config.provider_options,
+                                                 self.config.threads),)
+        if config is None and chips:
+            self.config = self.chips[0].device_config()
         self.faults = faults if faults is not None else FaultPlan.from_env()
         self.program: Program | None = None
         self.lanes: Lanes | None = None
@@ -75,19 +83,42 @@ class Device:
 
     # --- set-up --------------------------------------------------------------------------
     def load(self, path, full_hash: bool = False) -> Program:
-        return Program(path, full_hash=full_hash)
+        from calculet.runtime.partitioned import load_program
+        return load_program(path, full_hash=full_hash)
 
     def configure(self, program: Program) -> None:
         self._inject_load_fault()
-        program.open_sessions(self.config)
+        self._open_sessions(program)
         self.program = program
-        self.lanes = Lanes(program.manifest.kv)
+        self.lanes = program.make_lanes()
         self._bindings, self._heads = {}, {}
         if self._worker is None:
             self._start_worker()
         self._warm_up()
         self.expert_load = None  # the warm-up's routing is not load
+        if self.collectives is not None:
+            self.collectives.reset()  # nor are its collectives traffic
         self.healthy = True
+
+    def _open_sessions(self, program) -> None:
+        """Sessions on this device's chips, after checking each chip's share against its memory budget."""
+        from calculet.runtime.chips import check_budget
+
+        if program.chip_count != len(self.chips):
+            raise ModelError("chip_count_mismatch", f"{program.path}: compiled for {program.chip_count} chip(s), "
+                                                    f"this device has {len(self.chips)}; give it exactly "
+                                                    f"{program.chip_count} chip(s) or recompile with --chips {len(self.chips)}")
+        for memory, chip in zip(program.chip_memory(), self.chips):
+            check_budget(memory, chip)
+        if program.chip_count == 1:
+            program.open_sessions(self.chips[0].device_config())
+        else:
+            program.open_sessions(self.chips)
+
+    @property
+    def collectives(self):
+        """The collectives of a partitioned calbin (runtime/collectives.py), None on one chip."""
+        return getattr(self.program, "collectives", None)
 
     def _warm_up(self) -> None:
         """Run every graph once, on this thread before any job exists, so the first request does not
@@ -110,7 +141,7 @@ class Device:
         if program is None:
             raise ModelError("not_configured", "reset() before configure(): load and configure a calbin first")
         self._inject_load_fault()
-        program.open_sessions(self.config)
+        self._open_sessions(program)
         self.lanes.reset_all()
         self._bindings, self._heads = {}, {}
         self.healthy = True
@@ -349,16 +380,14 @@ class Device:
     # --- helpers -------------------------------------------------------------------------
     def _head(self, rows: int) -> HeadBinding:
         if rows not in self._heads:
-            graph = self.program.head_graphs[rows]
-            self._heads[rows] = HeadBinding(self.program.sessions[graph.name], graph)
+            self._heads[rows] = self.program.head_binding(rows)
         return self._heads[rows]
 
     def _binding(self, graph_name: str, first_lane: int) -> BodyBinding:
         key = (graph_name, first_lane)
         if key not in self._bindings:
             graph = self.program.graph(graph_name)
-            self._bindings[key] = BodyBinding(self.program.sessions[graph_name], graph, self.lanes, first_lane,
-                                              self._head(graph.lanes))
+            self._bindings[key] = self.program.body_binding(graph_name, self.lanes, first_lane, self._head(graph.lanes))
         return self._bindings[key]
 
     def _check_lane(self, lane: int) -> None:

@@ -42,20 +42,24 @@ class DeviceConfig:
 class Program:
     """A verified calbin on disk plus its sessions (created by `open_sessions`)."""
 
-    def __init__(self, path: str | Path, full_hash: bool = False):
+    def __init__(self, path: str | Path, full_hash: bool = False, chip_part: bool = False):
+        """chip_part: one chip's sub-calbin of a partitioned calbin (runtime/partitioned.py), whose graphs
+        are stages or segments of the entry points, run by name."""
         self.path = Path(path)
         self.manifest: Manifest = read_manifest(self.path)
         verify_files(self.manifest, self.path, full_hash=full_hash)
         self.graphs = list(self.manifest.graphs)
+        self.sessions: dict[str, object] = {}
+        self._weights = None
+        self.load_seconds = 0.0
+        if chip_part:
+            return
         self.prefill_graphs = self._of(PREFILL, key=lambda g: g.tokens)
         self.decode_graphs = self._of(DECODE, key=lambda g: g.lanes)
         self.head_graphs = {g.lanes: g for g in self._of(HEAD, key=lambda g: g.lanes)}
         for g in self.decode_graphs + [self.prefill_graphs[0]]:
             if g.lanes not in self.head_graphs:
                 raise ModelError("graph_not_found", f"{self.path}: no head graph for {g.lanes} rows (needed by {g.name!r})")
-        self.sessions: dict[str, object] = {}
-        self._weights = None
-        self.load_seconds = 0.0
 
     def _of(self, kind: str, key) -> list[GraphSpec]:
         found = sorted((g for g in self.graphs if g.type == kind), key=key)
@@ -91,6 +95,27 @@ class Program:
     @property
     def chunk_sizes(self) -> tuple[int, ...]:
         return tuple(g.tokens for g in self.prefill_graphs)
+
+    @property
+    def chip_count(self) -> int:
+        return 1
+
+    def chip_memory(self) -> list:
+        from calculet.runtime.chips import ChipMemory
+        return [ChipMemory.of(0, self.manifest)]
+
+    def make_lanes(self):
+        from calculet.runtime.lanes import Lanes
+        return Lanes(self.manifest.kv)
+
+    def head_binding(self, rows: int):
+        from calculet.runtime.bindings import HeadBinding
+        graph = self.head_graphs[rows]
+        return HeadBinding(self.sessions[graph.name], graph)
+
+    def body_binding(self, name: str, lanes, first_lane: int, head):
+        from calculet.runtime.bindings import BodyBinding
+        return BodyBinding(self.sessions[name], self.graph(name), lanes, first_lane, head)
 
     def _weight_values(self):
         import onnxruntime as ort
