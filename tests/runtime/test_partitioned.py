@@ -27,7 +27,7 @@ def one_chip(request, tiny_calbin):
     return request.param, alone
 
 
-@pytest.mark.parametrize("partition", ["pp"])
+@pytest.mark.parametrize("partition", ["pp", "tp"])
 def test_two_chips_equal_one_chip_alone_and_batched(one_chip, partition, tiny_calbin):
     arch, reference = one_chip
     device = open_device(tiny_calbin(arch, chips=2, partition=partition), chip_configs(2))
@@ -56,5 +56,43 @@ def test_pp_places_layers_contiguously_and_counts_one_send_per_step(tiny_calbin)
         hidden = read_manifest(path).spec.hidden_size
         graph = device.program.decode_graph_for(1)
         assert step.by_kind == {"send": (1, graph.lanes * hidden * 4)}
+    finally:
+        device.close()
+
+
+@pytest.mark.parametrize("chips, partition", [(4, "tp"), (3, "pp")])
+def test_more_chips_than_kv_heads_or_one_layer_each(tiny_calbin, chips, partition):
+    """4-chip TP: one query head per chip, so each of the 2 KV heads is replicated on two chips;
+    3-chip PP: one layer per chip. Both still give the 1-chip tokens."""
+    prompts = _prompts()[:2]
+    reference = greedy_together(d := open_device(tiny_calbin("llama")), prompts, STEPS)
+    d.close()
+    path = tiny_calbin("llama", chips=chips, partition=partition)
+    part = read_manifest(path).partition
+    if partition == "tp":
+        assert [c.heads for c in part.chips] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+        assert [c.kv_heads for c in part.chips] == [(0, 1), (0, 1), (1, 2), (1, 2)]
+        assert [c.ffn for c in part.chips] == [(0, 32), (32, 64), (64, 96), (96, 128)]
+    else:
+        assert [c.layers for c in part.chips] == [(0,), (1,), (2,)]
+    device = open_device(path, chip_configs(chips))
+    try:
+        assert greedy_together(device, prompts, STEPS) == reference
+    finally:
+        device.close()
+
+
+def test_tp_counts_one_all_reduce_per_block_per_step(tiny_calbin):
+    path = tiny_calbin("llama", chips=2, partition="tp")
+    spec = read_manifest(path).spec
+    device = open_device(path, chip_configs(2))
+    try:
+        lane = device.lanes.allocate()
+        prefill(device, lane, list(range(3, 8)))
+        device.run(DecodeJob((lane,), (5,)), 30)
+        rows = device.program.decode_graph_for(1).lanes * spec.hidden_size * 4
+        step = device.collectives.last_step
+        assert step.by_kind == {"broadcast": (1, rows), "all_reduce": (2 * spec.num_layers - 1, 2 * rows * (2 * spec.num_layers - 1)),
+                                "reduce": (1, rows)}
     finally:
         device.close()

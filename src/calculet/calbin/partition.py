@@ -24,6 +24,7 @@ between them, which reads `src` outputs and writes `dst` inputs. `hidden` (final
 Bytes a collective moves between chips (the runtime counts them, `calculet plan` predicts them):
     send        nbytes                       (one chip to one chip)
     broadcast   (P - 1) x nbytes             (one chip to the P - 1 others)
+    reduce      (P - 1) x nbytes             (the P - 1 others' parts to one chip, summed there)
     all_reduce  2 x (P - 1) x nbytes         (a ring: reduce-scatter then all-gather, summed over chips)
 """
 
@@ -35,7 +36,7 @@ from calculet.calbin.graphspec import nbytes
 from calculet.errors import ModelError
 
 PARTITIONS = ("pp", "tp")
-COLLECTIVE_KINDS = ("send", "broadcast", "all_reduce")
+COLLECTIVE_KINDS = ("send", "broadcast", "reduce", "all_reduce")
 HOST_INPUTS = ("input_ids", "seqlens_k", "total_seq_len", "last_index")
 
 
@@ -43,7 +44,7 @@ def collective_bytes(kind: str, chips: int, tensor_bytes: int) -> int:
     """Bytes moved between chips by one collective over `chips` chips on a tensor of `tensor_bytes`."""
     if kind == "send":
         return tensor_bytes
-    if kind == "broadcast":
+    if kind in ("broadcast", "reduce"):
         return (chips - 1) * tensor_bytes
     if kind == "all_reduce":
         return 2 * (chips - 1) * tensor_bytes

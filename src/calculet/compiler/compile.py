@@ -117,7 +117,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
                                 options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats)
     builds = None
     if options.chips > 1:  # per-chip graphs, written with their weights after the base manifest exists
-        builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile)
+        builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile, source, family)
     else:
         for n, gs in enumerate(signatures):
             model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes)
@@ -159,13 +159,14 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     write_manifest(replace(manifest, files=_file_table(folder)), folder)
 
 
-def _partition_builds(spec, signatures, weights, rope, options, profile):
+def _partition_builds(spec, signatures, weights, rope, options, profile, source, family):
     from calculet.compiler import partition
 
     if options.partition == "pp":
         return partition.build_pp(spec, signatures, weights, rope, options, profile.context, profile.lanes)
     from calculet.compiler import tensor_parallel
-    return tensor_parallel.build_tp(spec, signatures, weights, rope, options, profile.context, profile.lanes)
+    return tensor_parallel.build_tp(spec, signatures, weights, rope, options, profile.context, profile.lanes,
+                                    source, family)
 
 
 def _write_chips(folder: Path, manifest: Manifest, builds, schedules, head_chip, weights, options) -> Manifest:

@@ -10,7 +10,7 @@ memory; a vendor link would replace these bodies and keep the counting. Bytes ar
 would carry (calbin/partition.py states the formula per kind, and `calculet plan` predicts them
 with the same one):
 
-    send        nbytes                  broadcast   (P - 1) x nbytes
+    send        nbytes                  broadcast, reduce   (P - 1) x nbytes
     all_reduce  2 (P - 1) x nbytes      all_gather  (P - 1) x sum of the parts
     all_to_all  sum of the blocks that change chips
 
@@ -82,6 +82,15 @@ class Collectives:
         for o in outs:
             np.copyto(o, total.reshape(o.shape))
         self._count("all_reduce", collective_bytes("all_reduce", self.chips, parts[0].nbytes), t0)
+
+    def reduce(self, parts: list[np.ndarray], out: np.ndarray) -> None:
+        """Sum of every chip's part (in chip order) into one chip's array."""
+        t0 = time.perf_counter()
+        total = parts[0].copy()
+        for p in parts[1:]:
+            total += p
+        np.copyto(out, total.reshape(out.shape))
+        self._count("reduce", collective_bytes("reduce", self.chips, parts[0].nbytes), t0)
 
     def all_gather(self, parts: list[np.ndarray], axis: int = -1) -> np.ndarray:
         """Every chip's part concatenated along `axis` (every chip receives the others' parts)."""

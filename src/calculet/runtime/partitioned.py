@@ -182,6 +182,8 @@ class ScheduleBinding:
                     coll.send(srcs[0], dsts[0], c.sources[0], c.targets[0])
                 elif c.kind == "broadcast":
                     coll.broadcast(srcs[0], dsts)
+                elif c.kind == "reduce":
+                    coll.reduce(srcs, dsts[0])
                 else:
                     coll.all_reduce(srcs, dsts)
         if head:
