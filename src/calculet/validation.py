@@ -34,12 +34,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Run gates A-F over a calbin and print one line per check. Exit 0 on pass, 1 on warnings "
                     "with --strict, 2 on failure or when the path is not a calbin.",
         epilog="gates: A files, B manifest, C contract (manifest == graphs == tokenizer), D memory plan, "
-               "E graphs (ONNX checker, shape inference, op inventory), F numerics (golden prompts through the "
+               "E graphs (ONNX checker, shape inference, op inventory), P partition (--chips N calbins), F numerics (golden prompts through the "
                "runtime; runs when golden/ is present)")
     p.add_argument("calbin", metavar="CALBIN", help="the calbin folder")
     p.add_argument("--full-hash", action="store_true", help="also compare the SHA-256 of every file (reads every byte)")
     p.add_argument("--fast", action="store_true", help="skip gate F and the full hash: structure only, a few seconds")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are warnings")
+    p.add_argument("--chip-memory", type=int, default=0, metavar="BYTES",
+                   help="a --chips N calbin: gate P fails when a chip's memory plan exceeds BYTES (0: no budget)")
     p.add_argument("--json", metavar="OUT", default=None, help="also write the report as JSON to OUT ('-': print JSON only)")
     p.set_defaults(func=_run_validate)
 
@@ -47,7 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run_validate(args: argparse.Namespace) -> int:
     if args.fast and args.full_hash:
         raise RequestError("bad_argument", "--fast skips the full hash; pass either --fast or --full-hash, not both")
-    report = validate_calbin(args.calbin, ValidationOptions(full_hash=args.full_hash, numerics=not args.fast))
+    report = validate_calbin(args.calbin, ValidationOptions(full_hash=args.full_hash, numerics=not args.fast,
+                                                                    chip_memory_bytes=args.chip_memory))
     if args.json == "-":
         print(report.to_json_text())
     else:

@@ -88,17 +88,18 @@ def test_check_ids_are_declared_unique_and_in_gate_order(llama):
     assert len(declared) == len(set(declared))
     report = validate_calbin(llama, ValidationOptions(full_hash=True))
     assert [c.id for c in report.checks] == declared
-    assert [c.gate for c in report.checks] == sorted(c.gate for c in report.checks)
+    order = list(GATES)   # A..E, P (partition, structural), then F (numerics, composed above calbin/)
+    assert [c.gate for c in report.checks] == sorted((c.gate for c in report.checks), key=order.index)
     assert {c.gate for c in report.checks} == set(GATES)
 
 
 def test_calbin_layer_runs_the_structural_gates_and_gate_f_is_composed_above(llama):
-    """calbin/ must not import the runtime: its validator runs gates A-E alone, and `calculet
+    """calbin/ must not import the runtime: its validator runs gates A-E and P alone, and `calculet
     validate` (calculet.validation) adds gate F with the same ids as before the split."""
     from calculet.calbin import validate as structural
 
     report = structural.validate_calbin(llama, ValidationOptions.fast())
-    assert {c.gate for c in report.checks} == set("ABCDE")
+    assert {c.gate for c in report.checks} == set("ABCDEP")
     full = [r.id for r in all_rules()]
     assert [r.id for r in structural.all_rules()] == [i for i in full if not i.startswith("F.")]
     assert [i for i in full if i.startswith("F.")] == ["F.golden", "F.golden_source", "F.run", "F.greedy", "F.topk",

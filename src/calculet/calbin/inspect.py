@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from calculet.calbin import inspect_moe
@@ -76,8 +76,7 @@ def inspect_calbin(path: str | Path) -> InspectReport:
     folder = Path(path)
     m = read_manifest(folder)
     try:
-        return InspectReport(str(folder), _summary(folder, m), tuple(_graph(folder, g) for g in m.graphs), m.memory_plan,
-                             _quant(m))
+        return InspectReport(str(folder), _summary(folder, m), _graphs(folder, m), m.memory_plan, _quant(m))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ModelError("manifest_bad_field", f"{folder}: the manifest is malformed ({type(exc).__name__}: {exc}); "
                          f"`calculet validate {folder}` says where") from None
@@ -104,7 +103,32 @@ def _summary(folder: Path, m: Manifest) -> dict:
         "toolchain": asdict(m.toolchain),
         "passes": list(m.passes),
         "moe": inspect_moe.moe_facts(m.model.hyperparameters, m.weights, m.quantization),
+        "partition": _partition(m),
     }
+
+
+def _graphs(folder: Path, m: Manifest) -> tuple[GraphSummary, ...]:
+    """Every graph file: a partitioned calbin's are its chips', named chip<c>/<graph>."""
+    if m.partition is None:
+        return tuple(_graph(folder, g) for g in m.graphs)
+    out = []
+    for chip in m.partition.chips:
+        sub = folder / chip.folder
+        for g in read_manifest(sub).graphs:
+            summary = _graph(sub, g)
+            out.append(GraphSummary(replace(g, name=f"chip{chip.index}/{g.name}"), summary.ops, summary.error))
+    return tuple(out)
+
+
+def _partition(m: Manifest) -> dict | None:
+    """Per chip what it holds, and the bytes each body graph's collectives move per call."""
+    part = m.partition
+    if part is None:
+        return None
+    return {"scheme": part.scheme, "head_chip": part.head_chip, "note": part.note,
+            "chips": [c.to_json() for c in part.chips], "replicated": len(part.replicated), "sharded": len(part.sharded),
+            "collectives": {s.graph: {"count": len(s.collectives), "link_bytes": s.link_bytes,
+                                      "kinds": sorted({c.kind for c in s.collectives})} for s in part.schedules}}
 
 
 def _graph(folder: Path, g: GraphSpec) -> GraphSummary:

@@ -47,11 +47,31 @@ def render_text(report: InspectReport) -> str:
         f"  passes: {', '.join(s['passes']) or 'none'}",
         "  toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
         *inspect_moe.render(s.get("moe")),
+        *_partition(s.get("partition")),
     ]
     for g in report.graphs:
         out += [""] + _graph(g)
     out += [""] + _memory(report) + [""] + _quant(report)
     return "\n".join(out)
+
+
+def _partition(part: dict | None) -> list[str]:
+    if not part:
+        return []
+    out = [f"  partition {part['scheme']} over {len(part['chips'])} chips (head on chip {part['head_chip']}; "
+           f"{part['replicated']} tensors replicated, {part['sharded']} sharded): {part['note']}"]
+    rows = [(c["index"], _span(c["layers"]), f"{c['heads'][0]}..{c['heads'][1] - 1}", f"{c['kv_heads'][0]}..{c['kv_heads'][1] - 1}",
+             f"{c['ffn'][0]}..{c['ffn'][1] - 1}", ("embed " if c["embedding"] else "") + ("head" if c["head"] else ""),
+             show_bytes(c["weights_bytes"]), show_bytes(c["memory_bytes"])) for c in part["chips"]]
+    out += ["    " + line for line in _table(rows, ("chip", "layers", "heads", "kv heads", "ffn", "also", "weights", "memory"),
+                                           {6, 7})]
+    out += [f"    {graph}: {c['count']} collectives ({', '.join(c['kinds'])}), {show_bytes(c['link_bytes'])} between chips per call"
+            for graph, c in part["collectives"].items()]
+    return out
+
+
+def _span(layers: list[int]) -> str:
+    return f"{layers[0]}..{layers[-1]}" if layers else "-"
 
 
 def _graph(summary: GraphSummary) -> list[str]:

@@ -156,8 +156,9 @@ class Partition:
     chips: tuple[ChipPart, ...]
     head_chip: int                    # the chip that runs the head graphs
     schedules: tuple[Schedule, ...]   # one per logical body graph
-    replicated: tuple[str, ...]       # weight names stored on more than one chip, on purpose
+    replicated: tuple[str, ...]       # weight names stored on more than one chip with the same bytes, on purpose
     note: str = ""                    # a sentence on where things are and why
+    sharded: tuple[str, ...] = ()     # weight names each chip holds its own slice of (tp), under the one name
 
     def __post_init__(self):
         if self.scheme not in PARTITIONS:
@@ -176,11 +177,11 @@ class Partition:
     def to_json(self) -> dict:
         return {"scheme": self.scheme, "chips": [c.to_json() for c in self.chips], "head_chip": self.head_chip,
                 "schedules": [s.to_json() for s in self.schedules], "replicated": list(self.replicated),
-                "note": self.note}
+                "sharded": list(self.sharded), "note": self.note}
 
     @staticmethod
     def from_json(d: dict) -> "Partition":
         return Partition(d["scheme"], tuple(ChipPart.from_json(c) for c in d["chips"]), d["head_chip"],
                          tuple(Schedule.from_json(s) for s in d["schedules"]), tuple(d.get("replicated", ())),
-                         d.get("note", ""))
+                         d.get("note", ""), tuple(d.get("sharded", ())))
 

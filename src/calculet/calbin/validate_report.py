@@ -20,6 +20,7 @@ GATES = {
     "C": "contract",
     "D": "memory",
     "E": "graphs",
+    "P": "partition",
     "F": "numerics",
 }
 MAX_PROBLEMS = 50  # problems kept in a check's evidence; the message shows the first few
@@ -96,6 +97,7 @@ class Rule:
 class ValidationOptions:
     full_hash: bool = False     # gate A also compares SHA-256 of every file (reads every byte)
     numerics: bool = True       # gate F runs the golden prompts when golden/ is present
+    chip_memory_bytes: int = 0  # gate P: each chip's memory plan must fit this (0: no budget)
 
     @staticmethod
     def fast() -> "ValidationOptions":

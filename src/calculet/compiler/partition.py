@@ -123,12 +123,23 @@ def write_chip(folder: Path, build: ChipBuild, weights: WeightStore, base: Manif
     return part, store
 
 
-def replicated(stores: list[WeightStore]) -> tuple[str, ...]:
-    seen: dict[str, int] = {}
+def placement(stores: list[WeightStore]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(replicated, sharded): names on several chips with the same bytes, and with different bytes
+    (a tensor-parallel slice of one weight under its one name)."""
+    import numpy as np
+
+    seen: dict[str, list] = {}
     for store in stores:
         for e in store.entries:
-            seen[e.name] = seen.get(e.name, 0) + 1
-    return tuple(sorted(n for n, k in seen.items() if k > 1))
+            seen.setdefault(e.name, []).append(store.array(e.name) if e.name in store else None)
+    replicated, sharded = [], []
+    for name, arrays in sorted(seen.items()):
+        if len(arrays) < 2:
+            continue
+        same = all(a is not None and b is not None and a.shape == b.shape and np.array_equal(a, b)
+                   for a, b in zip(arrays, arrays[1:]))
+        (replicated if same or arrays[0] is None else sharded).append(name)
+    return tuple(replicated), tuple(sharded)
 
 
 def note(scheme: str, chips: int) -> str:
@@ -142,4 +153,5 @@ def note(scheme: str, chips: int) -> str:
 
 def assemble(scheme: str, parts: list[ChipPart], schedules: list[Schedule], head_chip: int,
              stores: list[WeightStore]) -> Partition:
-    return Partition(scheme, tuple(parts), head_chip, tuple(schedules), replicated(stores), note(scheme, len(parts)))
+    replicated, sharded = placement(stores)
+    return Partition(scheme, tuple(parts), head_chip, tuple(schedules), replicated, note(scheme, len(parts)), sharded)

@@ -57,11 +57,13 @@ class _Worker:
 
 class Device:
     def __init__(self, config: DeviceConfig | None = None, faults: FaultPlan | None = None, chips: tuple = ()):
-        """chips: the `runtime.chips.ChipConfig`s this device runs on (default: one chip from `config`).
-        A partitioned calbin needs exactly as many chips as it was compiled for."""
+        """chips: the `runtime.chips.ChipConfig`s this device runs on. Default: one chip from `config`,
+        or for a partitioned calbin as many as it was compiled for, sharing the cores
+        (`chips.chip_configs`). Chips given explicitly must match the calbin's count."""
         from calculet.runtime.chips import ChipConfig
 
         self.config = config or DeviceConfig()
+        self._chips_given = bool(chips)
         self.chips = tuple(chips) or (ChipConfig(0, self.config.provider, self.config.provider_options,
                                                  self.config.threads),)
         if config is None and chips:
@@ -102,8 +104,11 @@ class Device:
 
     def _open_sessions(self, program) -> None:
         """Sessions on this device's chips, after checking each chip's share against its memory budget."""
-        from calculet.runtime.chips import check_budget
+        from calculet.runtime.chips import check_budget, chip_configs
 
+        if program.chip_count != len(self.chips) and not self._chips_given:
+            # No chips named: a partitioned calbin gets as many as it was compiled for, sharing the cores.
+            self.chips = chip_configs(program.chip_count, self.config.provider, self.config.provider_options)
         if program.chip_count != len(self.chips):
             raise ModelError("chip_count_mismatch", f"{program.path}: compiled for {program.chip_count} chip(s), "
                                                     f"this device has {len(self.chips)}; give it exactly "

@@ -84,11 +84,12 @@ def _all_files(folder: Path) -> set[str]:
 
 def _references(ctx: GateContext) -> list[tuple[str, str]]:
     refs = []
+    partitioned = bool(ctx.raw.get("partition"))   # graphs and weights live in the chips' sub-calbins (gate P)
     for what, section in (("tokenizer file", "tokenizer"), ("weights file", "weights"), ("golden file", "golden")):
         rel = ctx.section(section).get("file")
-        if isinstance(rel, str):
+        if isinstance(rel, str) and not (partitioned and section == "weights"):
             refs.append((what, rel))
-    for g in ctx.graphs():
+    for g in ([] if partitioned else ctx.graphs()):
         if isinstance(g.get("file"), str):
             refs.append((f"graph {g.get('name')!r} file", g["file"]))
     return refs

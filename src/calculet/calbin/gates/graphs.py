@@ -27,6 +27,9 @@ RULES = (LOAD, CHECKER, SHAPE_INFERENCE, EXTERNAL_DATA, OP_INVENTORY, PORTABLE_O
 
 
 def run(ctx: GateContext) -> list[Check]:
+    if ctx.manifest.partition is not None:
+        return [rule.skip("not run: a partitioned calbin's graphs are its chips' (gate P runs this gate on each)")
+                for rule in RULES]
     graphs = ctx.manifest.graphs
     load, checker, inference, external = [], [], [], []
     inventories: dict[str, ops.OpInventory] = {}

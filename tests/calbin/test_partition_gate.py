@@ -1,0 +1,70 @@
+"""Gate P and inspect on calbins split over chips (--chips 2 --partition pp|tp)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from calculet.calbin.inspect import inspect_calbin
+from calculet.calbin.inspect_render import render_text
+from calculet.calbin.validate import validate_calbin
+from calculet.calbin.validate_report import Status, ValidationOptions
+
+
+def _status(report, check_id):
+    return next(c for c in report.checks if c.id == check_id)
+
+
+@pytest.mark.parametrize("partition", ["pp", "tp"])
+def test_a_compiled_partition_passes_every_gate(tiny_calbin, partition):
+    report = validate_calbin(tiny_calbin("qwen3", chips=2, partition=partition), ValidationOptions.fast())
+    failed = [(c.id, c.message) for c in report.checks if c.status is Status.FAIL]
+    assert not failed
+    assert all(_status(report, f"P.{r}").status is Status.PASS for r in ("chips", "placement", "collectives", "memory"))
+
+
+def test_one_chip_calbins_pass_gate_p_as_not_partitioned(tiny_calbin):
+    report = validate_calbin(tiny_calbin("llama"), ValidationOptions.fast())
+    assert _status(report, "P.collectives").message == "not partitioned"
+
+
+def _tampered(tiny_calbin, tmp_path, partition, change):
+    folder = tmp_path / "t.calbin"
+    shutil.copytree(tiny_calbin("llama", chips=2, partition=partition), folder)
+    path = folder / "manifest.json"
+    d = json.loads(path.read_text())
+    change(d["partition"])
+    path.write_text(json.dumps(d))
+    return validate_calbin(folder, ValidationOptions.fast())
+
+
+def test_a_collective_whose_shape_disagrees_with_its_graphs_fails(tiny_calbin, tmp_path):
+    def change(p):
+        p["schedules"][0]["collectives"][0]["shape"] = [1, 4, 32]
+    check = _status(_tampered(tiny_calbin, tmp_path, "tp", change), "P.collectives")
+    assert check.status is Status.FAIL and "[1, 4, 32]" in check.message
+
+
+def test_a_tensor_on_two_chips_must_be_declared(tiny_calbin, tmp_path):
+    def change(p):
+        p["replicated"] = []
+    check = _status(_tampered(tiny_calbin, tmp_path, "pp", change), "P.placement")
+    assert check.status is Status.FAIL and "rope" in check.message
+
+
+def test_chip_memory_budget_fails_with_the_bytes(tiny_calbin):
+    path = tiny_calbin("llama", chips=2, partition="pp")
+    check = _status(validate_calbin(path, ValidationOptions(numerics=False, chip_memory_bytes=400_000)), "P.memory")
+    assert check.status is Status.FAIL and "chip 0" in check.message and "400000" in check.message
+
+
+def test_inspect_shows_each_chip(tiny_calbin):
+    report = inspect_calbin(tiny_calbin("llama", chips=2, partition="tp"))
+    part = report.summary["partition"]
+    assert [c["heads"] for c in part["chips"]] == [[0, 2], [2, 4]]
+    assert part["collectives"]["decode_1"]["kinds"] == ["all_reduce", "broadcast", "reduce"]
+    assert any(g.graph.name == "chip1/decode_4.layers.2.mlp" and g.ops is not None for g in report.graphs)
+    text = render_text(report)
+    assert "partition tp over 2 chips" in text and "chip1/decode_1.layers.0.attn" in text
