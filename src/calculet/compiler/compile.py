@@ -174,8 +174,9 @@ def _write_chips(folder: Path, manifest: Manifest, builds, schedules, head_chip,
     from calculet.compiler import partition
 
     parts, stores = [], []
+    planned = partition.planned_chip_weights(manifest.spec, options)   # what `calculet plan --chips` lists
     for b in builds:
-        part, store = partition.write_chip(folder, b, b.weights or weights, manifest, _file_table)
+        part, store = partition.write_chip(folder, b, b.weights or weights, manifest, _file_table, planned[b.index])
         parts.append(part)
         stores.append(store)
     total = sum(p.weights_bytes for p in parts)

@@ -49,6 +49,84 @@ def pp_layer_ranges(num_layers: int, chips: int) -> list[tuple[int, ...]]:
     return ranges
 
 
+def pp_schedule(spec: ModelSpec, chips: int, graph: str, lanes: int, tokens: int) -> Schedule:
+    """Stage after stage; the residual stream [L, S, H] sent from each chip to the next."""
+    hidden = (lanes, tokens, spec.hidden_size)
+    return Schedule(graph, tuple(Segment(((c, graph),)) for c in range(chips)),
+                    tuple(Collective("send", "hidden_out", "hidden_in", (c,), (c + 1,), hidden, "float32", chips)
+                          for c in range(chips - 1)))
+
+
+def schedule_for(spec: ModelSpec, scheme: str, chips: int, graph: str, lanes: int, tokens: int) -> Schedule:
+    """The schedule compile writes for a body graph of `lanes` x `tokens` (the planner prices it)."""
+    if scheme == "pp":
+        return pp_schedule(spec, chips, graph, lanes, tokens)
+    from calculet.compiler import tensor_parallel
+    return tensor_parallel.tp_schedule(spec, chips, graph, lanes, tokens)
+
+
+def chip_specs(spec: ModelSpec, scheme: str, chips: int) -> list[ModelSpec]:
+    """The model description each chip's weights follow: the whole spec (pp) or a narrow one (tp)."""
+    if scheme == "pp":
+        return [spec] * chips
+    from calculet.compiler import tensor_parallel
+    return [tensor_parallel.narrow_spec(spec, *tensor_parallel.chip_slices(spec, chips, c)) for c in range(chips)]
+
+
+def planned_chip_weights(spec: ModelSpec, options) -> list[list[tuple[str, int]]]:
+    """Per chip, the (name, bytes) arrays compile stores in its weights.bin, in order, from the model
+    description alone (compiler/weight_plan.py's list and byte formula, placed by `holds`).
+    `calculet plan --chips` sums it; compile checks each chip's store against it."""
+    from calculet.compiler.weight_plan import weight_plan
+
+    chips = options.chips
+    layers = pp_layer_ranges(spec.num_layers, chips) if options.partition == "pp" else [tuple(range(spec.num_layers))] * chips
+    head_chip = chips - 1 if options.partition == "pp" else 0
+    out = []
+    for c, cspec in enumerate(chip_specs(spec, options.partition, chips)):
+        stored = [x for t in weight_plan(cspec, options).tensors for x in t.stored()]
+        names = [n for n, _ in stored]
+        tied_head = spec.tie_word_embeddings and not any(n.startswith("lm_head.weight") for n in names)
+        only_head = _head_only(spec, options.partition)
+        out.append([(n, b) for n, b in stored
+                    if holds(n, set(layers[c]), c == 0, c == head_chip, tied_head) and (c == head_chip or n not in only_head)])
+    return out
+
+
+def _head_only(spec: ModelSpec, scheme: str) -> set[str]:
+    """tp: the norm Gemma 3 applies after the last MLP runs in the final segment, on the head chip only."""
+    if scheme != "tp":
+        return set()
+    from calculet.compiler import tensor_parallel
+    post_mlp = tensor_parallel.post_mlp_norm(spec)
+    return {f"model.layers.{spec.num_layers - 1}.{post_mlp}.weight"} if post_mlp else set()
+
+
+def holds(name: str, layers: set[int], embeds: bool, head: bool, tied_head: bool) -> bool:
+    """Whether a chip stores the array `name`: its layers' tensors, rope tables everywhere, the
+    embedding where the tokens are embedded (and on the head chip when the lm_head reads it), the
+    final norm and lm_head arrays on the head chip."""
+    if name.startswith("model.layers."):
+        return int(name.split(".")[2]) in layers
+    if name.startswith("rope."):
+        return True
+    if name.startswith("model.embed_tokens."):
+        return embeds or (head and tied_head)
+    if name.startswith(("lm_head.", "model.norm.")):
+        return head
+    return True
+
+
+def weights_file_bytes(arrays: list[tuple[str, int]]) -> int:
+    """Size of a weights.bin holding `arrays` in order, each 64-byte aligned (WeightStore's layout)."""
+    from calculet.compiler.weights import ALIGN
+
+    size = 0
+    for _, nbytes in arrays:
+        size = -(-size // ALIGN) * ALIGN + nbytes
+    return size
+
+
 @dataclass
 class ChipBuild:
     """One chip's graphs (built, not yet relocated) and signatures; `write_chip` stores them."""
@@ -85,24 +163,23 @@ def build_pp(spec: ModelSpec, logical: list[GraphSpec], weights: WeightStore, ro
                                                           kv_heads=(0, spec.num_kv_heads),
                                                           ffn=(0, spec.intermediate_size),
                                                           embedding=c == 0, head=c == last)))
-    schedules = []
-    for gs in logical:
-        if gs.type == HEAD:
-            continue
-        hidden = (gs.lanes, gs.tokens, spec.hidden_size)
-        schedules.append(Schedule(gs.name, tuple(Segment(((c, gs.name),)) for c in range(options.chips)),
-                                  tuple(Collective("send", "hidden_out", "hidden_in", (c,), (c + 1,), hidden, "float32",
-                                                   options.chips) for c in range(last))))
+    schedules = [pp_schedule(spec, options.chips, gs.name, gs.lanes, gs.tokens) for gs in logical if gs.type != HEAD]
     return builds, schedules, last
 
 
-def write_chip(folder: Path, build: ChipBuild, weights: WeightStore, base: Manifest, file_table) -> tuple[ChipPart, WeightStore]:
+def write_chip(folder: Path, build: ChipBuild, weights: WeightStore, base: Manifest, file_table,
+               planned: list[tuple[str, int]] | None = None) -> tuple[ChipPart, WeightStore]:
     """Write chips/<c>/: its share of the weights, its graphs (relocated onto them) and its manifest."""
     rel = chip_folder(build.index)
     out = folder / rel
     (out / "graphs").mkdir(parents=True)
     names = sorted({n for m in build.models for n in used_weights(m)})
     store = weights.subset(names)
+    if planned is not None and [(e.name, e.nbytes) for e in store.entries if e.name in store] != planned:
+        have = [(e.name, e.nbytes) for e in store.entries if e.name in store]
+        raise AssertionError(f"chip {build.index}: compiler/partition.planned_chip_weights disagrees with the "
+                             f"tensors its graphs read: planned only {[x for x in planned if x not in have][:3]}, "
+                             f"stored only {[x for x in have if x not in planned][:3]}")
     store.write(out / "graphs" / WEIGHTS_FILE)
     for sig, model in zip(build.signatures, build.models):
         relocate(model, store)

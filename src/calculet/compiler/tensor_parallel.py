@@ -46,6 +46,10 @@ _LAYER = {
 }
 
 
+def post_mlp_norm(spec: ModelSpec) -> str | None:
+    return _LAYER[spec.family][2] if spec.family in _LAYER else None
+
+
 def check_tp(spec: ModelSpec, chips: int) -> None:
     if spec.family not in _LAYER or spec.moe is not None:
         raise RequestError("bad_option", f"--partition tp builds the dense families {', '.join(sorted(_LAYER))}; "
@@ -136,17 +140,25 @@ def build_tp(spec: ModelSpec, logical: list[GraphSpec], _weights, _rope, options
         builds.append(ChipBuild(c, sigs, models, kv_layout,
                                 dict(layers=tuple(range(spec.num_layers)), heads=heads, kv_heads=kv, ffn=ffn,
                                      embedding=c == 0, head=c == 0), store))
-    schedules = [_schedule(spec, gs, chips) for gs in logical if gs.type != HEAD]
+    schedules = [tp_schedule(spec, chips, gs.name, gs.lanes, gs.tokens) for gs in logical if gs.type != HEAD]
     return builds, schedules, 0
 
 
-def _name(gs: GraphSpec, part: str) -> str:
+class _Named:
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _name(gs, part: str) -> str:
     return f"{gs.name}.{part}"
 
 
-def _schedule(spec: ModelSpec, gs: GraphSpec, chips: int) -> Schedule:
+def tp_schedule(spec: ModelSpec, chips: int, graph: str, lanes: int, tokens: int) -> Schedule:
+    """embed on chip 0, broadcast; per layer attn and mlp on every chip, each followed by an all-reduce
+    (the last one a reduce to chip 0); final on chip 0."""
     everyone = tuple(range(chips))
-    rows = (gs.lanes, gs.tokens, spec.hidden_size)
+    rows = (lanes, tokens, spec.hidden_size)
+    gs = _Named(graph)
     segments = [Segment(((0, _name(gs, "embed")),))]
     collectives = [Collective("broadcast", "hidden_out", "residual_in", (0,), everyone, rows, "float32", chips)]
     for i in range(spec.num_layers):
@@ -156,7 +168,7 @@ def _schedule(spec: ModelSpec, gs: GraphSpec, chips: int) -> Schedule:
             collectives.append(Collective("reduce" if last else "all_reduce", "partial_out", "branch_in", everyone,
                                           (0,) if last else everyone, rows, "float32", chips))
     segments.append(Segment(((0, _name(gs, "final")),)))
-    return Schedule(gs.name, tuple(segments), tuple(collectives))
+    return Schedule(graph, tuple(segments), tuple(collectives))
 
 
 def _host_inputs(gs: GraphSpec, attention: bool, last_index: bool = False) -> list[TensorSpec]:

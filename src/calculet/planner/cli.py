@@ -43,6 +43,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="activation dtype: fp32 (compile); fp16, bf16 for accelerator planning")
     p.add_argument("--logits-dtype", default="fp32",
                    help="logits dtype: fp32 (compile); fp16, bf16 for accelerator planning")
+    p.add_argument("--partition", default=None, choices=["pp", "tp"],
+                   help="with --chips N: per-chip weights and KV as `compile --chips N --partition` writes them, and "
+                        "the bytes its collectives move per decode step and per prefill chunk")
+    p.add_argument("--link-bandwidth", default=None, metavar="SIZE",
+                   help="with --partition: chip-to-chip bytes per second, e.g. 64GB (then collective time is shown)")
+    p.add_argument("--link-latency", default=None, metavar="TIME",
+                   help="with --partition: latency per collective, e.g. 5us (default 0)")
     p.add_argument("--json", action="store_true", help="print the PlanReport as JSON")
     p.set_defaults(func=_run)
 
@@ -77,6 +84,16 @@ def _run(args: argparse.Namespace) -> int:
     if args.context is None:
         request = replace(request, context=model.spec.max_position_embeddings)
     report = plan_capacity(model, request, source=str(args.source))
+    if args.partition:
+        from calculet.planner.partition import Link, parse_latency, plan_partition
+
+        bandwidth = parse_size(args.link_bandwidth, what="--link-bandwidth") if args.link_bandwidth else 0
+        link = Link(float(bandwidth), parse_latency(args.link_latency))
+        report = replace(report, partition=plan_partition(
+            model.spec, args.partition, request.chips, request.lanes, request.context,
+            min(request.prefill_chunk, request.context), request.weights, request.block_size, request.fusions, link))
+    elif args.link_bandwidth or args.link_latency:
+        raise RequestError("bad_argument", "--link-bandwidth and --link-latency price a partition: add --partition pp|tp")
     print(report.to_json() if args.json else render_text(report))
     return 0 if report.fit.fits else 1
 

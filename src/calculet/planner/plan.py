@@ -152,6 +152,7 @@ class PlanReport:
     fit: Fit
     assumptions: tuple[str, ...]
     warnings: tuple[str, ...]
+    partition: object = None          # planner/partition.PartitionPlan with --partition pp|tp
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=sorted)  # fusions: a sorted list
@@ -250,9 +251,10 @@ def _largest(ok: Callable[[int], bool], limit: int) -> int:
 def _assumptions(hp: ModelSpec, sh: Sharding, r: PlanRequest, chunk: int) -> tuple[str, ...]:
     notes = list(sh.notes)
     if r.chips > 1:
-        notes.append("the compiler builds one chip today; for more, q/k/v split by head, o_proj by input; "
-                     "MLP and each expert split along the FFN width; embeddings, lm_head and its copies "
-                     "split by vocabulary rows; norms, routers and rope tables replicated")
+        notes.append("the budget above splits evenly: q/k/v by head, o_proj by input; MLP and each expert "
+                     "along the FFN width; embeddings, lm_head and its copies by vocabulary rows; norms, "
+                     "routers and rope tables replicated. `--partition pp|tp` adds what compile --chips "
+                     "really writes per chip (embedding and lm_head whole on one chip)")
     if hp.moe:
         notes.append(f"all {hp.moe.num_experts} experts resident on every chip "
                      f"({len(hp.moe.sparse_layers)} of {hp.num_layers} layers routed); "

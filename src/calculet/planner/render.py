@@ -73,4 +73,7 @@ def render_text(rep: PlanReport) -> str:
     if rep.warnings:
         lines.append("warnings:")
         lines += [f"  ! {note}" for note in rep.warnings]
+    if rep.partition is not None:
+        from calculet.planner.partition import render
+        lines += [""] + render(rep.partition)
     return "\n".join(lines)
