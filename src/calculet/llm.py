@@ -45,6 +45,8 @@ class LLMOptions:
     context: int | None = None                 # compile: context (default 1024)
     prefill_chunks: tuple[int, ...] | None = None   # compile: chunk sizes (default 16, 128)
     weights: str | None = None                 # compile: weight policy (default "default")
+    chips: int | None = None                   # compile: split over this many chips (needs partition)
+    partition: str | None = None               # compile: "pp" or "tp" (calbin/partition.py)
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
     max_queue: int | None = None               # engine: waiting sequences; None = no limit
     request_timeout_s: float | None = None     # engine: per-request time limit; None = none
@@ -60,7 +62,7 @@ class LLMOptions:
         from calculet.runtime.providers import SOURCE_COMPILE
 
         given = {"lanes": self.lanes, "context": self.context, "weights": self.weights,
-                 "prefill_chunks": self.prefill_chunks}
+                 "prefill_chunks": self.prefill_chunks, "chips": self.chips, "partition": self.partition}
         return CompileOptions(**{**SOURCE_COMPILE[self.provider], **{k: v for k, v in given.items() if v is not None}})
 
     def device_config(self):

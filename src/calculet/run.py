@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
     p.add_argument("--lanes", type=int, default=None, help="when compiling a source: lanes (default 8)")
     p.add_argument("--context", type=int, default=None, help="when compiling a source: context (default 1024)")
     p.add_argument("--prefill-chunks", default=None, help="when compiling a source: chunk sizes (default 16,128)")
+    p.add_argument("--chips", type=int, default=None,
+                   help="when compiling a source: split it over this many chips (with --partition); a calbin "
+                        "compiled with --chips runs on as many chips, sharing the cores")
+    p.add_argument("--partition", default=None, choices=["pp", "tp"], help="when compiling a source: pp or tp")
     p.add_argument("--expert-stats", action="store_true",
                    help="mixture-of-experts calbins compiled with --expert-stats: print the tokens routed to each expert")
     p.set_defaults(func=run)
@@ -66,7 +70,7 @@ def run(args) -> int:
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     with LLM(model, log_fn=log, threads=args.threads, provider=args.provider,
              provider_options=parse_provider_options(args.provider_option), full_hash=args.full_hash, lanes=args.lanes,
-             context=args.context, prefill_chunks=chunks) as llm:
+             context=args.context, prefill_chunks=chunks, chips=args.chips, partition=args.partition) as llm:
         if args.expert_stats and not llm.has_expert_stats:
             raise RequestError("no_expert_stats", "this calbin has no expert statistics: compile a mixture-of-experts "
                                "model with `calculet compile ... --expert-stats`")

@@ -96,3 +96,29 @@ def test_tp_counts_one_all_reduce_per_block_per_step(tiny_calbin):
                                 "reduce": (1, rows)}
     finally:
         device.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("partition", ["pp", "tp"])
+def test_quantized_partitions_stay_within_the_policy_bound(tiny_calbin, arch, partition):
+    """int8 (the default policy): the 2-chip calbin is held to the quantized policy's bound against the
+    1-chip calbin of the same policy, teacher-forced agreement >= QUANT_FORCED_AGREEMENT (0.9)."""
+    from calculet.compiler.compile import QUANT_FORCED_AGREEMENT
+
+    prompts = _prompts()
+    one = open_device(tiny_calbin(arch, weights="default"))
+    reference = greedy_together(one, prompts, STEPS)
+    one.close()
+    device = open_device(tiny_calbin(arch, weights="default", chips=2, partition=partition), chip_configs(2))
+    try:
+        agree = total = 0
+        for prompt, ref in zip(prompts, reference):    # teacher-forced: feed the 1-chip tokens, compare picks
+            lane = device.lanes.allocate()
+            pick = int(np.argmax(prefill(device, lane, prompt)))
+            for t in ref:
+                agree, total = agree + (pick == t), total + 1
+                pick = int(np.argmax(device.run(DecodeJob((lane,), (t,)), 30).logits[0]))
+            device.lanes.free(lane)
+    finally:
+        device.close()
+    assert agree / total >= QUANT_FORCED_AGREEMENT, f"{arch} {partition} int8: {agree}/{total} tokens agree"
