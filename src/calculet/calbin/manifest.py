@@ -7,6 +7,7 @@ A calbin is a folder:
     graphs/weights.bin     every initializer once, 64-byte aligned, shared by all graphs
     graphs/<name>.onnx     one per entry point: prefill_<S>, decode_<n>, head_<n> (see graphspec.py)
     golden/golden.json     reference prompts, top-k logits and greedy tokens (when the reference extra was installed)
+    chips/<c>/             --chips N: one sub-calbin per chip instead of graphs/ (see calbin/partition.py)
 
 The compiler builds one complete `Manifest`; the runtime, the gates and `inspect` read its typed
 sections. JSON is only the on-disk form: `Manifest.to_json` / `Manifest.from_json` are the one
