@@ -122,3 +122,20 @@ def test_quantized_partitions_stay_within_the_policy_bound(tiny_calbin, arch, pa
     finally:
         device.close()
     assert agree / total >= QUANT_FORCED_AGREEMENT, f"{arch} {partition} int8: {agree}/{total} tokens agree"
+
+
+def test_a_fenced_partitioned_device_gets_fresh_chip_kv_and_runs_again(tiny_calbin):
+    """Regression: fence() renewed the device's (empty) bookkeeping Lanes but left the chips' KV
+    buffers, which a stuck chip graph may still write, in use by the new epoch."""
+    prompts = _prompts()[:2]
+    device = open_device(tiny_calbin("llama", chips=2, partition="tp"), chip_configs(2))
+    try:
+        before = greedy_together(device, prompts, STEPS)
+        old = device.program.chip_lanes
+        device.fence()
+        device.reset()
+        assert all(a is not b for a, b in zip(old, device.program.chip_lanes))
+        assert greedy_together(device, prompts, STEPS) == before
+    finally:
+        device.close()
+    assert device.program._pools == []      # close() ended the chips' worker threads

@@ -159,7 +159,7 @@ class Device:
         with self._commit:
             self._epoch += 1
             old.kept = (self.program.sessions, getattr(self.program, "_values", None), self._bindings, self._heads,
-                        self.lanes.all_keys, self.lanes.all_values)
+                        self.lanes.all_keys, self.lanes.all_values, self.program.renew_kv())
             self._fenced.append(old)
             self.fences += 1
             self.healthy = False
@@ -185,6 +185,8 @@ class Device:
             self._worker.jobs.put(None)
             self._worker.thread.join(timeout=5)
             self._worker = None
+        if self.program is not None:
+            self.program.close()         # a partitioned program's chip worker threads
         if self.faults is not None:
             self.faults.release.set()    # let an injected hang end with the device
 

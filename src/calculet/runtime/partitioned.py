@@ -73,6 +73,16 @@ class PartitionedProgram(Program):
             self._pools = [ThreadPoolExecutor(1, thread_name_prefix=f"calculet-chip-{i}") for i in range(len(self.parts))]
         self.load_seconds = time.perf_counter() - t0
 
+    def renew_kv(self):
+        old = self.chip_lanes
+        self.chip_lanes = [Lanes(p.manifest.kv) for p in self.parts]
+        return old
+
+    def close(self) -> None:
+        for pool in self._pools:
+            pool.shutdown(wait=False)
+        self._pools = []
+
     def make_lanes(self) -> Lanes:
         """Bookkeeping only: lanes and lengths; the KV lives on the chips."""
         return Lanes(replace(self.manifest.kv, num_layers=0))

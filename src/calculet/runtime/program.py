@@ -104,6 +104,14 @@ class Program:
         from calculet.runtime.chips import ChipMemory
         return [ChipMemory.of(0, self.manifest)]
 
+    def renew_kv(self):
+        """After a fence: fresh KV buffers held outside the device's Lanes (none on one chip); returns
+        the old ones, which a fenced worker may still write."""
+        return None
+
+    def close(self) -> None:
+        """Release what the program holds besides its sessions (nothing on one chip)."""
+
     def make_lanes(self):
         from calculet.runtime.lanes import Lanes
         return Lanes(self.manifest.kv)
