@@ -123,3 +123,13 @@ def test_import_calculet_stays_light():
     code = "import calculet, sys; print(any(m.startswith(('onnxruntime', 'numpy', 'calculet.engine')) for m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
     assert calculet.LLM is LLM and calculet.SamplingParams is SamplingParams
+
+
+@pytest.mark.parametrize("partition", ["pp", "tp"])
+def test_a_two_chip_calbin_generates_the_one_chip_text(llm, tiny_calbin, partition):
+    """The engine on a partitioned calbin (a Device that takes the 2 chips the calbin asks for)."""
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    with LLM(tiny_calbin("llama", chips=2, partition=partition)) as two:
+        assert len(two._device.chips) == 2 and two._device.collectives is not None
+        got = [o.outputs[0].token_ids for o in two.generate(PROMPTS[:4], params)]
+    assert got == [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:4], params)]
