@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from calculet.calbin.graphspec import PAST_PREFIX, PRESENT_PREFIX
+from calculet.calbin.graphspec import PRESENT_PREFIX
 from calculet.calbin.manifest import read_manifest
 from calculet.calbin.partition import HOST_INPUTS, Schedule
 from calculet.errors import ModelError
