@@ -68,3 +68,15 @@ def test_inspect_shows_each_chip(tiny_calbin):
     assert any(g.graph.name == "chip1/decode_4.layers.2.mlp" and g.ops is not None for g in report.graphs)
     text = render_text(report)
     assert "partition tp over 2 chips" in text and "chip1/decode_1.layers.0.attn" in text
+
+
+@pytest.mark.parametrize("partition", ["pp", "tp"])
+def test_gate_f_runs_a_partitioned_calbin_against_the_reference(tiny_calbin, partition):
+    """The golden prompts (recorded from transformers at compile) through the runtime on 2 chips:
+    the fp32 thresholds (greedy tokens equal, logits within the tight bound) hold."""
+    from calculet.validation import validate_calbin as full_validate
+
+    report = full_validate(tiny_calbin("gemma3", golden=True, chips=2, partition=partition))
+    f = [c for c in report.checks if c.gate == "F"]
+    assert f and all(c.status in (Status.PASS, Status.WARN) for c in f), [(c.id, c.message) for c in f]
+    assert _status(report, "F.greedy").status is Status.PASS
