@@ -63,3 +63,16 @@ def test_affinity_key_and_rank():
     after = {k: rank(k, ["a", "c"])[0] for k in keys}
     assert all(after[k] == before[k] for k in keys if before[k] != "b")
     assert len(set(before.values())) == 3
+
+
+def test_the_shipped_serve_config_reads():
+    """deploy/serve.yaml is what `calculet ray serve CONFIG` and `serve deploy` read: it must parse into our types."""
+    from pathlib import Path
+
+    from calculet.ray.cli import read_config
+
+    apps, http = read_config(Path(__file__).parents[2] / "deploy" / "serve.yaml")
+    [(name, prefix, server, options)] = apps
+    assert (name, prefix, http) == ("calculet", "/", {"host": "0.0.0.0", "port": 8000})
+    assert (server.model, server.served_model_name) == ("/models/model.calbin", "model")
+    assert (options.replicas, options.affinity, options.num_cpus) == (2, "session", 2)
