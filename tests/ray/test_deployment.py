@@ -188,3 +188,36 @@ def test_killed_replica_fails_only_its_requests_and_the_service_goes_on(service)
         r = httpx.post(service + "/v1/completions", json=short, timeout=60)
         answered = answered + 1 if r.status_code == 200 else 0
     assert answered == 4
+
+
+def test_rolling_update_fails_no_request(service, calbin):
+    """Redeploying with a changed config replaces both replicas while requests (plain and streamed) keep coming;
+    none fails. Runs after the kill test, so it also shows the service whole again."""
+    failures, answered, stop = [], [], threading.Event()
+
+    def load(streamed: bool):
+        body = {"model": "model", "prompt": "Paris is", "max_tokens": 8, "temperature": 0, "stream": streamed}
+        with httpx.Client(timeout=120) as c:
+            while not stop.is_set():
+                r = c.post(service + "/v1/completions", json=body)
+                lines = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+                good = r.status_code == 200 and (not streamed or (lines[-1] == "[DONE]" and "error" not in r.text))
+                (answered if good else failures).append((r.status_code, r.headers.get(HEADER), r.text[-300:]))
+
+    before = {_replica_of(service, {"model": "model", "prompt": "hi", "max_tokens": 2}) for _ in range(4)}
+    threads = [threading.Thread(target=load, args=(s,)) for s in (False, False, True)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)
+        app = build_app(ServerConfig(model=str(calbin), max_queue=64),   # a new version: a changed server option
+                        ReplicaOptions(replicas=2, num_cpus=1, affinity="session", graceful_shutdown_s=5))
+        serve.run(app, name="calculet", route_prefix="/")
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert not failures, failures[:3]
+    after = {r[1] for r in answered[-6:]}
+    assert answered and after and after.isdisjoint(before), (before, after)

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 REPLICA_HEADER = b"x-calculet-replica"
 MODEL_DEPLOYMENT = "CalculetModel"
 ROUTER_DEPLOYMENT = "CalculetRouter"
+QUIET = {"enable_access_log": False}   # the router logs each request once; the replica need not
 ROUTER_MAX_ONGOING = 1000   # the router only relays: it holds every request the replicas and Serve's queue hold
 
 
@@ -159,7 +160,7 @@ def build_app(config: ServerConfig | None = None, options: ReplicaOptions | None
     if config.threads == 0:   # all cores per replica would fight the other replicas on the node
         config = dataclasses.replace(config, threads=max(1, int(options.num_cpus)))
     model_opts = options.deployment_options(calbin_lanes(config.model))
-    model = serve.deployment(ModelReplica, name=name).options(**model_opts).bind(config)
+    model = serve.deployment(ModelReplica, name=name).options(**model_opts, logging_config=QUIET).bind(config)
     router = serve.deployment(Router, name=ROUTER_DEPLOYMENT).options(
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=ROUTER_MAX_ONGOING)
     return router.bind(model, options.affinity)
