@@ -11,6 +11,7 @@ Importing this module imports no Ray: `calculet --help` and `calculet serve` sta
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from pathlib import Path
 
@@ -51,6 +52,9 @@ def serve_command(args) -> int:
     from calculet.ray.options import ReplicaOptions
     from calculet.server.cli import server_config
 
+    if args.detach and not args.address:
+        raise RequestError("bad_option", "--detach needs --address (a cluster started by `ray start` that outlives this "
+                           "command); without it the local cluster ends with the command")
     _setup_logging()
     if args.model and Path(args.model).suffix in (".yaml", ".yml"):
         apps, http = read_config(Path(args.model))
@@ -92,24 +96,37 @@ def _deploy(apps: list, http: dict, address: str | None, detach: bool) -> int:
     from calculet.ray.deployment import build_app
 
     ray.init(address=address, logging_level=logging.WARNING)
-    serve.start(http_options=http)
-    for name, prefix, config, options in apps:
-        t0 = time.perf_counter()
-        serve.run(build_app(config, options), name=name, route_prefix=prefix)
-        log.info("application %r ready at http://%s:%s%sv1 (%s, %.1f s)", name, http.get("host", "127.0.0.1"),
-                 http.get("port", 8000), prefix if prefix.endswith("/") else prefix + "/",
-                 f"{options.min_replicas}-{options.max_replicas} replicas" if options.autoscaling
-                 else f"{options.replicas} replica(s)", time.perf_counter() - t0)
-    if detach:
-        return 0
+    if not detach:   # SIGTERM (systemd, Kubernetes) and SIGINT, even one ignored by the parent, take the app down
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _interrupt)
     try:
+        serve.start(http_options=http)
+        for name, prefix, config, options in apps:
+            t0 = time.perf_counter()
+            serve.run(build_app(config, options), name=name, route_prefix=prefix)
+            log.info("application %r ready at http://%s:%s%sv1 (%s, %.1f s)", name, http.get("host", "127.0.0.1"),
+                     http.get("port", 8000), prefix if prefix.endswith("/") else prefix + "/",
+                     f"{options.min_replicas}-{options.max_replicas} replicas" if options.autoscaling
+                     else f"{options.replicas} replica(s)", time.perf_counter() - t0)
+        if detach:
+            return 0
+        log.info("serving; Ctrl-C deletes the application%s", "s" if len(apps) > 1 else "")
         while True:
             time.sleep(1.0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:   # while deploying or serving: take down what this command put up
         log.info("deleting %s", ", ".join(name for name, *_ in apps))
         for name, *_ in apps:
-            serve.delete(name)
-    return 0
+            try:
+                serve.delete(name)
+            except Exception as exc:  # noqa: BLE001  (best effort on the way out; say what was left)
+                log.warning("could not delete %s: %s", name, exc)
+        return 0
+    finally:
+        ray.shutdown()   # disconnects from a cluster given by --address; one started here goes down
+
+
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _setup_logging() -> None:
