@@ -29,9 +29,10 @@ from starlette.responses import Response, StreamingResponse
 from calculet.errors import DeviceError, ModelError
 from calculet.ray.affinity import affinity_key
 from calculet.ray.bridge import ForwardedRequest, run_asgi
-from calculet.ray.options import ReplicaOptions, calbin_lanes, split_args
+from calculet.ray.options import ReplicaOptions, calbin_profile, split_args
 from calculet.server.config import ServerConfig
 from calculet.server.errors import error_body, error_response
+from calculet.server.limits import default_max_body_bytes
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ REPLICA_HEADER = b"x-calculet-replica"
 MODEL_DEPLOYMENT = "CalculetModel"
 ROUTER_DEPLOYMENT = "CalculetRouter"
 QUIET = {"enable_access_log": False}   # the router logs each request once; the replica need not
-ROUTER_MAX_ONGOING = 1000   # the router only relays: it holds every request the replicas and Serve's queue hold
+ROUTER_MAX_ONGOING = 1000
+ROUTER_MAX_BODY_BYTES = 64 << 20   # a source's context is known only on the replicas: the router's cap then   # the router only relays: it holds every request the replicas and Serve's queue hold
 
 
 class ModelReplica:
@@ -98,12 +100,15 @@ def _sse(data) -> bytes:
 class Router:
     """The HTTP ingress: forwards each request to a model replica and relays what it answers."""
 
-    def __init__(self, model, affinity: str = "off"):
+    def __init__(self, model, affinity: str = "off", max_body_bytes: int = ROUTER_MAX_BODY_BYTES):
         self.model = model.options(stream=True)
         self.affinity = affinity
+        self.max_body_bytes = max_body_bytes   # the replicas' limit (server/limits.py), so no bigger body is held here
 
     async def __call__(self, request: Request) -> Response:
-        body = await request.body()
+        body = await self._body(request)
+        if body is None:
+            return _too_large(self.max_body_bytes)
         headers = tuple((bytes(k), bytes(v)) for k, v in request.scope["headers"])
         forwarded = ForwardedRequest(request.method, request.scope["path"], request.scope.get("query_string", b""),
                                      headers, body, tuple(request.client) if request.client else None)
@@ -131,6 +136,19 @@ class Router:
         response.raw_headers = raw
         return response
 
+    async def _body(self, request: Request) -> bytes | None:
+        """The whole body, or None once it passes max_body_bytes (declared or counted)."""
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            return None
+        parts, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            parts.append(chunk)
+        return b"".join(parts)
+
     async def _relay(self, messages):
         """Body chunks of a stream; if the replica is lost: an error event, then [DONE]."""
         done = False
@@ -150,6 +168,16 @@ class Router:
                 messages.cancel()
 
 
+def _too_large(limit: int) -> Response:
+    """The same 413 the server's BodyLimit sends."""
+    import json
+
+    return Response(json.dumps({"error": {"message": f"the request body is larger than {limit} bytes; allowed: at most "
+                                                     f"{limit} bytes (--max-body-bytes; the default follows the model's context)",
+                                          "type": "invalid_request_error", "code": "body_too_large", "param": None}}),
+                    status_code=413, media_type="application/json")
+
+
 def build_app(config: ServerConfig | None = None, options: ReplicaOptions | None = None, *,
               name: str = MODEL_DEPLOYMENT):
     """The bound Serve application: `serve.run(build_app(ServerConfig(model=calbin), ReplicaOptions(replicas=2)))`.
@@ -159,11 +187,13 @@ def build_app(config: ServerConfig | None = None, options: ReplicaOptions | None
     options = options or ReplicaOptions()
     if config.threads == 0:   # all cores per replica would fight the other replicas on the node
         config = dataclasses.replace(config, threads=max(1, int(options.num_cpus)))
-    model_opts = options.deployment_options(calbin_lanes(config.model))
+    profile = calbin_profile(config.model)
+    model_opts = options.deployment_options(profile.lanes if profile else None)
+    max_body = config.max_body_bytes or (default_max_body_bytes(profile.context) if profile else ROUTER_MAX_BODY_BYTES)
     model = serve.deployment(ModelReplica, name=name).options(**model_opts, logging_config=QUIET).bind(config)
     router = serve.deployment(Router, name=ROUTER_DEPLOYMENT).options(
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=ROUTER_MAX_ONGOING)
-    return router.bind(model, options.affinity)
+    return router.bind(model, options.affinity, max_body)
 
 
 def app_builder(args: dict):

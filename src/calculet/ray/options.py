@@ -71,13 +71,14 @@ class ReplicaOptions:
         return opts
 
 
-def calbin_lanes(model: str | None) -> int | None:
-    """The lanes of a compiled calbin, read from its manifest; None for a source (compiled later)."""
+def calbin_profile(model: str | None):
+    """The profile (lanes, context) of a compiled calbin, read from its manifest; None for a source
+    (compiled later, on each replica)."""
     if model is None or not (Path(model) / "manifest.json").is_file():
         return None
     from calculet.calbin.manifest import read_manifest
 
-    return read_manifest(model).profile.lanes
+    return read_manifest(model).profile
 
 
 def split_args(args: dict):
