@@ -110,7 +110,10 @@ class Router:
         if body is None:
             return _too_large(self.max_body_bytes)
         headers = tuple((bytes(k), bytes(v)) for k, v in request.scope["headers"])
-        forwarded = ForwardedRequest(request.method, request.scope["path"], request.scope.get("query_string", b""),
+        path, root = request.scope["path"], request.scope.get("root_path", "")
+        if root and path.startswith(root):   # the app's routes start at the route prefix
+            path = path[len(root):] or "/"
+        forwarded = ForwardedRequest(request.method, path, request.scope.get("query_string", b""),
                                      headers, body, tuple(request.client) if request.client else None)
         messages = self.model.handle.remote(forwarded, affinity=affinity_key(self.affinity, headers, body))
         try:
