@@ -212,7 +212,7 @@ def test_rolling_update_fails_no_request(service, calbin):
         t.start()
     try:
         time.sleep(1.0)
-        app = build_app(ServerConfig(model=str(calbin), max_queue=64),   # a new version: a changed server option
+        app = build_app(ServerConfig(model=str(calbin), max_queue=8),   # a new version: a changed server option
                         ReplicaOptions(replicas=2, num_cpus=1, affinity="session", graceful_shutdown_s=5))
         serve.run(app, name="calculet", route_prefix="/")
         time.sleep(2.0)
@@ -223,3 +223,16 @@ def test_rolling_update_fails_no_request(service, calbin):
     assert not failures, failures[:3]
     after = {r[1] for r in answered[-6:]}
     assert answered and after and after.isdisjoint(before), (before, after)
+
+
+def test_overload_gets_the_servers_429(service):
+    """After the rolling update --max-queue is 8: 32 requests at once exceed what the replicas (2 x 4 ongoing) and
+    the router's queue (8) hold; the rest get 429 queue_full with Retry-After (as from `calculet serve`), never a
+    500 or a hang."""
+    body = {"model": "model", "prompt": "The quick brown fox", "max_tokens": 64, "min_tokens": 64, "temperature": 0}
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(lambda _i: httpx.post(service + "/v1/completions", json=body, timeout=120), range(32)))
+    statuses = sorted(r.status_code for r in answers)
+    assert set(statuses) == {200, 429}, statuses
+    refused = next(r for r in answers if r.status_code == 429)
+    assert refused.json()["error"]["code"] == "queue_full" and refused.headers["retry-after"] == "1"

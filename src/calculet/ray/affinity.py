@@ -16,7 +16,7 @@ import hashlib
 import json
 from typing import Any
 
-from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
+from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter   # Serve's default router, by the path Serve names it
 from ray.serve.request_router import PendingRequest, RunningReplica
 
 SESSION_HEADER = b"x-calculet-session"

@@ -23,10 +23,11 @@ import logging
 
 from ray import serve
 from ray.exceptions import RayError, RayTaskError
+from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from calculet.errors import DeviceError, ModelError
+from calculet.errors import DeviceError, ModelError, RequestError
 from calculet.ray.affinity import affinity_key
 from calculet.ray.bridge import ForwardedRequest, run_asgi
 from calculet.ray.options import ReplicaOptions, calbin_profile, split_args
@@ -100,8 +101,9 @@ def _sse(data) -> bytes:
 class Router:
     """The HTTP ingress: forwards each request to a model replica and relays what it answers."""
 
-    def __init__(self, model, affinity: str = "off", max_body_bytes: int = ROUTER_MAX_BODY_BYTES):
+    def __init__(self, model, affinity: str = "off", max_body_bytes: int = ROUTER_MAX_BODY_BYTES, max_queued: int = -1):
         self.model = model.options(stream=True)
+        self.max_queued = max_queued
         self.affinity = affinity
         self.max_body_bytes = max_body_bytes   # the replicas' limit (server/limits.py), so no bigger body is held here
 
@@ -120,6 +122,9 @@ class Router:
             start = await messages.__anext__()
         except StopAsyncIteration:
             return error_response(ModelError("replica_error", "the model replica sent no response"))
+        except BackPressureError:   # every replica full and this router's queue too: the server's 429
+            return error_response(RequestError("queue_full", f"every replica is busy and the router's queue is full "
+                                               f"({self.max_queued} waiting, --max-queue); retry shortly"))
         except RayError as exc:
             log.warning("request lost before its response started: %s", exc)
             return error_response(replica_lost(exc))
@@ -193,10 +198,12 @@ def build_app(config: ServerConfig | None = None, options: ReplicaOptions | None
     profile = calbin_profile(config.model)
     model_opts = options.deployment_options(profile.lanes if profile else None)
     max_body = config.max_body_bytes or (default_max_body_bytes(profile.context) if profile else ROUTER_MAX_BODY_BYTES)
-    model = serve.deployment(ModelReplica, name=name).options(**model_opts, logging_config=QUIET).bind(config)
+    # requests waiting for a replica wait at the router, at most --max-queue of them (then 429, as the server)
+    model = serve.deployment(ModelReplica, name=name).options(**model_opts, max_queued_requests=config.max_queue,
+                                                               logging_config=QUIET).bind(config)
     router = serve.deployment(Router, name=ROUTER_DEPLOYMENT).options(
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=ROUTER_MAX_ONGOING)
-    return router.bind(model, options.affinity, max_body)
+    return router.bind(model, options.affinity, max_body, config.max_queue)
 
 
 def app_builder(args: dict):
