@@ -101,6 +101,8 @@ def test_openai_client_gets_the_single_process_answers(service, reference):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
     missing = httpx.post(service + "/v1/completions", json={"model": "nope", "prompt": "x"}, timeout=60)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    admin = httpx.get(service + "/admin/models", timeout=60)   # replicas must not drift apart one by one
+    assert admin.status_code == 404 and "redeploy" in admin.json()["error"]["message"]
     huge = httpx.post(service + "/v1/completions", content=b"x" * ((1 << 20) + 1), timeout=60)   # 1 MiB: context 1024's limit
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "body_too_large"
 

@@ -56,8 +56,8 @@ def serve_command(args) -> int:
         raise RequestError("bad_option", "--detach needs --address (a cluster started by `ray start` that outlives this "
                            "command); without it the local cluster ends with the command")
     _setup_logging()
-    if args.model and Path(args.model).suffix in (".yaml", ".yml"):
-        apps, http = read_config(Path(args.model))
+    if len(args.model) == 1 and Path(args.model[0]).suffix in (".yaml", ".yml"):
+        apps, http = read_config(Path(args.model[0]))
     else:
         options = ReplicaOptions(replicas=args.replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
                                  target_ongoing=args.target_ongoing, max_ongoing=args.max_ongoing, affinity=args.affinity,

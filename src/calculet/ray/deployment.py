@@ -51,7 +51,7 @@ class ModelReplica:
     def __init__(self, config: ServerConfig):
         from calculet.server.app import create_app
         from calculet.server.metrics import ServerMetrics
-        from calculet.server.model import ModelHost
+        from calculet.server.host import ModelHost
 
         self.replica = serve.get_replica_context().replica_id.to_full_id_str()
         self.metrics = ServerMetrics()
@@ -61,7 +61,7 @@ class ModelReplica:
             raise RuntimeError(f"replica {self.replica} could not load the model: {self.host.error}")
         self.app = create_app(config, self.host, self.metrics)
         self.headers = ((REPLICA_HEADER, self.replica.encode()),)
-        log.info("replica %s ready (model %s, lanes %d)", self.replica, self.host.model.name, self.host.model.lanes)
+        log.info("replica %s ready (%s)", self.replica, ", ".join(f"model {m.name}, lanes {m.lanes}" for m in self.host.models()))
 
     async def handle(self, request: ForwardedRequest, affinity: str | None = None):
         """The app's ASGI messages for one request. `affinity` is read by the request router only."""
@@ -71,9 +71,9 @@ class ModelReplica:
     def check_health(self) -> None:
         """Serve's periodic check: an engine that stopped or cannot reset its device fails it (Serve then
         replaces the replica); a device being reset is still healthy."""
-        state = self.host.model.engine.snapshot().state
-        if state in ("failed", "stopped"):
-            raise RuntimeError(f"replica {self.replica}: engine {state}")
+        states = [engine.snapshot().state for engine in self.host.engines()]
+        if not states or any(state in ("failed", "stopped") for state in states):
+            raise RuntimeError(f"replica {self.replica}: engine states {states}")
 
     def __del__(self):
         """Serve calls this once the replica's requests finished or graceful_shutdown_timeout_s passed."""
@@ -108,6 +108,9 @@ class Router:
         self.max_body_bytes = max_body_bytes   # the replicas' limit (server/limits.py), so no bigger body is held here
 
     async def __call__(self, request: Request) -> Response:
+        if request.scope["path"].removeprefix(request.scope.get("root_path", "")).startswith("/admin"):
+            return error_response(RequestError("not_found", "/admin is off behind Ray Serve: each replica would change "
+                                               "alone; change the models with a redeploy (a rolling update)"))
         body = await self._body(request)
         if body is None:
             return _too_large(self.max_body_bytes)
