@@ -24,6 +24,7 @@ from pathlib import Path
 
 from calculet.calbin.graphspec import DTYPE_BYTES, GraphSpec
 from calculet.calbin.memory_plan import MemoryPlan
+from calculet.calbin.isa import IsaInfo
 from calculet.calbin.provenance import Provenance
 from calculet.errors import ModelError
 from calculet.models.base import ModelSpec
@@ -249,6 +250,7 @@ class Manifest:
     files: dict[str, FileEntry]         # every file but manifest.json, by path relative to the calbin
     passes: tuple[str, ...] = ()        # fusion passes applied
     provenance: Provenance | None = None   # source identity, compile command, toolchain (calbin/provenance.py)
+    isa: IsaInfo | None = None          # compiling CPU's features and the weight policy's reason (calbin/isa.py)
 
     @property
     def spec(self) -> ModelSpec:
@@ -282,6 +284,7 @@ class Manifest:
             "files": {k: _plain(v) for k, v in self.files.items()},
             "passes": list(self.passes),
             "provenance": None if self.provenance is None else self.provenance.to_json(),
+            "isa": None if self.isa is None else self.isa.to_json(),
         }
 
     @staticmethod
@@ -303,6 +306,7 @@ class Manifest:
                 files={k: FileEntry(**v) for k, v in d["files"].items()},
                 passes=tuple(d.get("passes", ())),
                 provenance=Provenance.from_json(d["provenance"]) if d.get("provenance") else None,
+                isa=IsaInfo.from_json(d["isa"]) if d.get("isa") else None,
             )
         except KeyError as exc:
             raise ModelError("manifest_missing_field", f"manifest.json lacks the field {exc.args[0]!r}") from None

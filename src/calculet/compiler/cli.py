@@ -16,10 +16,12 @@ def add_parser(sub) -> None:
     p.add_argument("--target", default="cpu",
                    help="cpu (ONNX Runtime contrib ops: fused attention with in-place KV, int8 kernels) or "
                         "portable (standard ONNX ops only, for NPU execution providers; --weights fp32, fp16 or int8)")
-    p.add_argument("--weights", default="default",
-                   help="weight policy: default (int8 projections/lm_head/embedding with int8 compute, fp32 norms), "
-                        "fp32, fp16 (half-precision weights and matmuls), int8 (weight-only), w8a8, int4 (weight-only), "
-                        "w4a8")
+    p.add_argument("--weights", default="auto",
+                   help="weight policy: auto (by this CPU's ISA: default with VNNI/AMX, w4a8 on AVX2 without VNNI, "
+                        "fp32 without AVX2; the reason goes into the manifest; CALCULET_CPU_FEATURES=avx2,fma,... "
+                        "simulates a CPU), default (int8 projections/lm_head/embedding with int8 compute, fp32 norms), "
+                        "fp32, fp16 (half-precision weights and matmuls), int8 (weight-only: a numerics reference, "
+                        "ONNX Runtime has no fast kernel for it), w8a8, int4 (weight-only), w4a8")
     p.add_argument("--block-size", type=int, default=32, help="quantization block size along K (16..256, power of two)")
     p.add_argument("--decode-lanes", default="1", help="extra decode batch sizes besides --lanes (comma-separated)")
     p.add_argument("--fuse", action="append", metavar="NAME", help="enable a fusion pass (default: all)")

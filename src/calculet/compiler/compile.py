@@ -22,6 +22,8 @@ from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, GoldenInfo, KVL
                                       sha256_file, write_manifest)
 from calculet.compiler import decoder
 from calculet.compiler import graphs as G
+from calculet.calbin.isa import SLOW_8BIT, IsaInfo
+from calculet.compiler.isa_policy import resolve_weights, uses_slow_8bit
 from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.options import CompileOptions
 from calculet.compiler.provenance import provenance
@@ -30,6 +32,7 @@ from calculet.compiler.quantize import policy_table, store_weights
 from calculet.compiler.tokenizer import tokenizer_info
 from calculet.compiler.weight_plan import check_stored, weight_plan
 from calculet.compiler.weights import WEIGHTS_FILE, WeightStore
+from calculet.cpu_features import detect
 from calculet.errors import ModelError
 from calculet.models import family_for
 from calculet.sources.base import SourceModel
@@ -75,6 +78,13 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     decoder.require_buildable(spec)
     if options.target == "cpu" and spec.head_dim % 16:
         raise ModelError("unsupported_head_dim", f"head_dim {spec.head_dim} is not a multiple of 16, which ONNX Runtime's CPU GroupQueryAttention needs")
+    cpu = detect()
+    options, choice = resolve_weights(options, cpu)   # `auto` becomes a named policy, chosen by this CPU's ISA
+    if choice.requested != choice.chosen:
+        log(f"--weights auto -> {choice.chosen}: {choice.reason} (CPU: {cpu.label})")
+    if options.target == "cpu" and uses_slow_8bit(options):
+        log(f"warning: {SLOW_8BIT}. This build is a numerics reference (weight-only error without activation "
+            "quantization), not for serving: use --weights default (the same int8 weights, int8 compute)")
     profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
                       tuple(sorted(set(options.decode_lanes) | {options.lanes})))
     log(f"compiling {spec.model_type} ({spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}) "
@@ -84,7 +94,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     tmp.chmod(0o755)
     try:
-        _write_calbin(tmp, source, family, spec, profile, options, log, source_path)
+        _write_calbin(tmp, source, family, spec, profile, options, log, source_path, IsaInfo(cpu, choice))
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -96,7 +106,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
 
 
 def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Profile, options: CompileOptions, log,
-                  source_arg: str | None = None) -> None:
+                  source_arg: str | None = None, isa: IsaInfo | None = None) -> None:
     (folder / "graphs").mkdir()
     tok = tokenizer_info(source, spec)
     (folder / "tokenizer.json").write_text(source.tokenizer_json)
@@ -148,6 +158,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         files=_file_table(folder),
         passes=tuple(sorted(options.fusions)),
         provenance=provenance(source.kind, source.path, source_arg, options, versions),
+        isa=isa,
     ), folder)
 
 

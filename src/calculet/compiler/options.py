@@ -27,7 +27,7 @@ class CompileOptions:
     context: int = 1024
     prefill_chunks: tuple[int, ...] = (16, 128)
     target: str = "cpu"
-    weights: str = "default"
+    weights: str = "auto"        # a WEIGHT_POLICIES name, or auto: chosen by the CPU's ISA at compile (isa_policy.py)
     block_size: int = 32
     golden: bool = True          # write golden/ when the reference extra is installed
     golden_tokens: int = 32
@@ -44,6 +44,10 @@ class CompileOptions:
 
         fields = asdict(self)
         fields["fusions"] = sorted(self.fusions)
+        if self.weights == "auto":  # the choice depends on the CPU: a cache shared by two CPUs keeps both
+            from calculet.cpu_features import detect
+
+            fields["cpu_features"] = list(detect().flags)
         return json.dumps(fields, sort_keys=True, default=list)
 
     @property
@@ -64,10 +68,11 @@ class CompileOptions:
             raise RequestError("bad_option", f"--prefill-chunks has duplicates: {self.prefill_chunks}")
         if self.target not in TARGETS:
             raise RequestError("bad_option", f"--target {self.target!r} is not supported; supported: {', '.join(TARGETS)}")
-        if self.weights not in WEIGHT_POLICIES:
-            raise RequestError("bad_option", f"--weights {self.weights!r} is not supported; supported: {', '.join(WEIGHT_POLICIES)}")
-        policy_table(self.weights, self.block_size)  # validates the block size
-        if self.target == "portable" and self.weights not in PORTABLE_POLICIES:
+        if self.weights not in WEIGHT_POLICIES + ("auto",):
+            raise RequestError("bad_option", f"--weights {self.weights!r} is not supported; supported: auto, "
+                               f"{', '.join(WEIGHT_POLICIES)}")
+        policy_table("default" if self.weights == "auto" else self.weights, self.block_size)  # validates the block size
+        if self.target == "portable" and self.weights not in PORTABLE_POLICIES + ("auto",):
             raise RequestError("bad_option", f"--target portable supports --weights {' or '.join(PORTABLE_POLICIES)} "
                                f"(standard ONNX: fp32, fp16, or int8 via DequantizeLinear); got {self.weights!r}")
         for n in self.decode_lanes:

@@ -11,6 +11,7 @@ not, and read the shared mapping directly (about 1.2x slower per chunk, no extra
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, GraphSpec
+from calculet.calbin.isa import load_warnings
 from calculet.calbin.manifest import Manifest, read_manifest, verify_files
+from calculet.cpu_features import detect
 from calculet.errors import DeviceError, ModelError
 from calculet.runtime.heap import trim_heap
 from calculet.runtime.providers import PROVIDERS, check_active, choose_provider
@@ -46,6 +49,10 @@ class Program:
         self.path = Path(path)
         self.manifest: Manifest = read_manifest(self.path)
         verify_files(self.manifest, self.path, full_hash=full_hash)
+        # The compile-time ISA choice against this CPU (calbin/isa.py): logged, never fatal.
+        self.isa_warnings = load_warnings(self.manifest, detect())
+        for warning in self.isa_warnings:
+            logging.getLogger("calculet.runtime").warning("%s: %s", self.path.name, warning)
         self.graphs = list(self.manifest.graphs)
         self.prefill_graphs = self._of(PREFILL, key=lambda g: g.tokens)
         self.decode_graphs = self._of(DECODE, key=lambda g: g.lanes)
