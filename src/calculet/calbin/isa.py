@@ -89,8 +89,8 @@ def choose_policy(cpu: CpuFeatures) -> PolicyChoice:
 # 8-bit blocks exist with int8 compute only); at accuracy_level 1 the node dequantizes the whole
 # weight to fp32 on every call. Measured on one [2048 x 640] weight, 1 row: ~470x slower than the same
 # codes at accuracy_level 4 (3x at 128 rows).
-SLOW_8BIT = ("8-bit MatMulNBits weights with fp32 compute (the `int8` weight-only format) have no ONNX Runtime "
-             "kernel: each call dequantizes the whole weight to fp32 (~470x slower per decode row than int8 compute)")
+SLOW_8BIT = ("8-bit MatMulNBits weights with fp32 compute (the `int8` weight-only format), for which ONNX Runtime has "
+             "no kernel: each call dequantizes the whole weight to fp32 (~470x slower per decode row than int8 compute)")
 
 
 def slow_8bit_tensors(manifest) -> int:

@@ -83,7 +83,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     if choice.requested != choice.chosen:
         log(f"--weights auto -> {choice.chosen}: {choice.reason} (CPU: {cpu.label})")
     if options.target == "cpu" and uses_slow_8bit(options):
-        log(f"warning: {SLOW_8BIT}. This build is a numerics reference (weight-only error without activation "
+        log(f"warning: this build uses {SLOW_8BIT}. It is a numerics reference (weight-only error without activation "
             "quantization), not for serving: use --weights default (the same int8 weights, int8 compute)")
     profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
                       tuple(sorted(set(options.decode_lanes) | {options.lanes})))
