@@ -44,7 +44,7 @@ class LLMOptions:
     lanes: int | None = None                   # compile: lanes (default 8)
     context: int | None = None                 # compile: context (default 1024)
     prefill_chunks: tuple[int, ...] | None = None   # compile: chunk sizes (default 16, 128)
-    weights: str | None = None                 # compile: weight policy (default "default")
+    weights: str | None = None                 # compile: weight policy (default "auto": by the CPU's ISA)
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
     max_queue: int | None = None               # engine: waiting sequences; None = no limit
     request_timeout_s: float | None = None     # engine: per-request time limit; None = none
