@@ -71,3 +71,12 @@ def test_auto_compile_records_the_choice_and_load_warns_on_a_lesser_cpu(tiny_mod
     assert m2.quantization.policy == "w4a8" and "AVX2 without VNNI" in m2.isa.choice.reason
     assert {t.kind for t in m2.quantization.tensors.values() if t.module == "mlp"} == {"int4"}
     assert load_warnings(m2, AVX2) == []
+
+
+def test_cache_key_of_auto_follows_the_cpu(monkeypatch):
+    """A compile cache shared by two CPUs must not hand one the other's `auto` build."""
+    monkeypatch.setenv(ENV, "avx2,fma,f16c")
+    avx2 = CompileOptions().cache_key()
+    monkeypatch.setenv(ENV, "avx2,avx512_vnni")
+    assert CompileOptions().cache_key() != avx2
+    assert CompileOptions(weights="default").cache_key() == CompileOptions(weights="default").cache_key()
