@@ -82,7 +82,8 @@ def test_text_report_has_every_section(llama, capsys):
     out = capsys.readouterr().out
     for needle in ("schema calculet.calbin/2", "profile: lanes 4", f"graph {decode} (decode, 4 lanes x 1 tokens)",
                    "com.microsoft  GroupQueryAttention", "shape families", "memory plan (bytes",
-                   f"staging {decode}", "(an estimate)", "quantization policy", "model.layers.*."):
+                   f"staging {decode}", "(an estimate)", "quantization policy", "model.layers.*.",
+                   "  isa: weights ", "compiled on "):
         assert needle in out, needle
 
 

@@ -102,6 +102,7 @@ def _summary(folder: Path, m: Manifest) -> dict:
         "files": {"count": len(m.files), "bytes": sum(f.bytes for f in m.files.values())},
         "golden": None if m.golden is None else asdict(m.golden),
         "toolchain": asdict(m.toolchain),
+        "isa": None if m.isa is None else m.isa.to_json(),
         "passes": list(m.passes),
         "moe": inspect_moe.moe_facts(m.model.hyperparameters, m.weights, m.quantization),
     }

@@ -46,12 +46,22 @@ def render_text(report: InspectReport) -> str:
         f"  golden: {s['golden'] if s['golden'] else 'none'}",
         f"  passes: {', '.join(s['passes']) or 'none'}",
         "  toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
+        _isa(s.get("isa")),
         *inspect_moe.render(s.get("moe")),
     ]
     for g in report.graphs:
         out += [""] + _graph(g)
     out += [""] + _memory(report) + [""] + _quant(report)
     return "\n".join(out)
+
+
+def _isa(isa: dict | None) -> str:
+    if not isa:
+        return "  isa: not recorded (compiled before CPU features were recorded)"
+    choice, cpu = isa["choice"], isa["compile_cpu"]
+    how = "auto" if choice["requested"] == "auto" else "named"
+    return (f"  isa: weights {choice['chosen']} ({how}: {choice['reason']}); compiled on "
+            f"{' '.join(cpu['flags']) or 'none of the tracked features'} ({cpu['source']})")
 
 
 def _graph(summary: GraphSummary) -> list[str]:
