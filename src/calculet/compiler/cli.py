@@ -35,6 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--probes", action="store_true",
                    help="debug build: every module's output (embedding, norms, attention, MLP, each layer) is also a "
                         "graph output, for `calculet compare --probe`")
+    p.add_argument("--no-kv-ring", action="store_true",
+                   help="sliding-window layers keep a full-context KV buffer (fused attention) instead of a ring of "
+                        "window + largest prefill chunk rows (for A/B runs)")
     p.set_defaults(func=run)
 
 
@@ -47,6 +50,7 @@ def run(args) -> int:
                              target=args.target, weights=args.weights, block_size=args.block_size, golden=not args.no_golden,
                              decode_lanes=parse_chunks(args.decode_lanes) if args.decode_lanes else (),
                              fusions=parse_fusions(args.fuse, args.no_fuse), expert_stats=args.expert_stats,
-                             probes=args.probes, quant=parse_quant(args.quant, args.block_size))
+                             probes=args.probes, quant=parse_quant(args.quant, args.block_size),
+                             kv_rings=not args.no_kv_ring)
     compile_calbin(args.source, args.output, options)
     return 0

@@ -36,6 +36,7 @@ class CompileOptions:
     expert_stats: bool = False   # MoE: bodies also output each row's routed experts (`expert_mask`)
     probes: bool = False         # debug build: every module's output is also a graph output (compare --probe)
     quant: tuple = ()            # per-module overrides of the policy (compiler/quant_spec.Override, from --quant)
+    kv_rings: bool = True        # sliding-window layers keep a ring of window + largest chunk rows (compiler/kv_layout.py)
 
     def cache_key(self) -> str:
         """Stable across processes (a frozenset's repr order is not)."""
