@@ -86,6 +86,16 @@ class Lanes:
         for array in self.buffers:
             array[:, lane].fill(0.0)
 
+    def rewind(self, lane: int, length: int) -> None:
+        """Keep only the lane's first `length` tokens; the next job continues at that position. Its KV
+        there is still valid only within `Program.max_rewind` positions of the lane's end."""
+        with self._lock:
+            self._check(lane)
+            if not 0 <= length <= self._length[lane]:
+                raise RequestError("bad_rewind", f"lane {lane} holds {self._length[lane]} tokens; it can be cut back "
+                                   f"to 0..{self._length[lane]}, got {length}")
+            self._length[lane] = length
+
     def length(self, lane: int) -> int:
         return self._length[lane]
 
