@@ -197,7 +197,8 @@ FIELDS = ("schema_version", "target", "model", "model.hyperparameters", "model.h
           "memory_plan.workspace_estimate_bytes", "memory_plan.unit",
           "golden", "toolchain", "files", "graphs.0", "graphs.2.type", "graphs.2.file", "graphs.2.lanes", "graphs.0.inputs",
           "graphs.0.inputs.0", "graphs.0.inputs.0.shape", "graphs.1.outputs.0.dtype", "memory_plan.kv.dtype",
-          "memory_plan.kv.buffer_shape", "memory_plan.kv.buffers", "memory_plan.kv.buffer_bytes", "memory_plan.staging.0",
+          "memory_plan.kv.groups.0.buffer_shape", "memory_plan.kv.groups.0.buffers", "memory_plan.kv.groups.0.buffer_bytes",
+          "memory_plan.kv.bytes_per_lane", "kv.layer_lengths", "kv.layer_lengths.0", "memory_plan.staging.0",
           "memory_plan.staging.1.graph", "memory_plan.staging.1.bindings", "memory_plan.staging.1.binding_bytes",
           "profile.decode_lanes", "model.source", "toolchain.onnx",
           "weights.tensors.0", "weights.tensors.0.offset", "weights.tensors.0.shape")

@@ -106,13 +106,7 @@ class KVLayout:
     context: int         # positions a lane can hold (the full-attention layers' buffer length)
     head_dim: int
     in_place: bool       # present_* outputs alias past_* inputs
-    layer_lengths: tuple[int, ...] = ()   # rows of each layer's buffer: context, or the ring length
-
-    def __post_init__(self):
-        if not self.layer_lengths:
-            object.__setattr__(self, "layer_lengths", (self.context,) * self.num_layers)
-        else:
-            object.__setattr__(self, "layer_lengths", tuple(int(n) for n in self.layer_lengths))
+    layer_lengths: tuple[int, ...]   # rows of each layer's buffer: context, or the ring length (gate C checks it)
 
     def length(self, layer: int) -> int:
         return self.layer_lengths[layer]

@@ -147,8 +147,9 @@ def _context_problems(m, graphs: list[GraphSpec]) -> list[str]:
     if kv.context != context:
         problems.append(f"kv.context {kv.context} != profile.context {context}")
     lengths = kv.layer_lengths
-    if len(lengths) != kv.num_layers:
-        return problems + [f"kv.layer_lengths has {len(lengths)} entries for {kv.num_layers} layers"]
+    if len(lengths) != kv.num_layers or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
+        return problems + [f"kv.layer_lengths {list(lengths)[:8]} is not one whole number > 0 per layer "
+                           f"({kv.num_layers} layers)"]
     # A chunk of S tokens writes S ring rows while its first query still reads the window-1 rows
     # before it: the ring needs window + S - 1 rows so that no write lands on a row still read.
     need = (spec.sliding_window or 0) + max(m.profile.prefill_chunks) - 1

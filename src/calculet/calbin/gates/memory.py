@@ -61,8 +61,9 @@ def _kv_problems(m) -> list[str]:
     problems = []
     if planned.dtype != kv.dtype:
         problems.append(f"memory_plan.kv.dtype {planned.dtype!r} != the KV layout's {kv.dtype!r}")
-    if len(kv.layer_lengths) != kv.num_layers:
-        return problems + [f"kv.layer_lengths has {len(kv.layer_lengths)} entries for {kv.num_layers} layers"]
+    if len(kv.layer_lengths) != kv.num_layers or not all(_positive(n) for n in kv.layer_lengths):
+        return problems + [f"kv.layer_lengths {list(kv.layer_lengths)[:8]} is not one whole number > 0 per layer "
+                           f"({kv.num_layers} layers); KV bytes not checked"]
     position = kv.kv_heads * kv.head_dim * DTYPE_BYTES.get(kv.dtype, 0)
     listed = sorted(i for g in planned.groups for i in g.layers)
     if listed != list(range(kv.num_layers)):
@@ -102,6 +103,10 @@ def _kv_problems(m) -> list[str]:
                 problems.append(f"graph {g.name!r}: {t.name} {list(t.shape)} {t.dtype} is not a view of its layer's KV "
                                 f"buffer {list(kv.layer_shape(layer)) if want else '(no such layer)'} {kv.dtype}")
     return problems
+
+
+def _positive(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n > 0
 
 
 def _layer_of(name: str) -> int | None:
