@@ -19,7 +19,7 @@ SRC = Path(calculet.__file__).parent
 #
 #   layer       may import (besides itself and BASE)     what it is
 #   ---------   --------------------------------------   -------------------------------------------
-#   BASE        nothing                                  calculet/__init__, errors
+#   BASE        nothing (but each other)                 calculet/__init__, errors, units (byte sizes)
 #   models      -                                        model descriptions (ModelSpec): numbers only
 #   sources     models                                   safetensors / GGUF folders into a SourceModel
 #   calbin      models, sources                          the package format (types), gates A-E, inspect
@@ -34,7 +34,7 @@ SRC = Path(calculet.__file__).parent
 #   TOP         anything                                 composition: cli, __main__, validation (A-E +
 #                                                        golden gate F), golden_gate, planner, llm
 #                                                        (calculet.LLM), run (`calculet run`)
-BASE = {"__init__", "errors"}
+BASE = {"__init__", "errors", "units"}
 ALLOWED: dict[str, set[str]] = {
     "models": set(),
     "sources": {"models"},

@@ -24,7 +24,7 @@ from calculet.errors import ModelError, RequestError
 from calculet.planner.params import shard, summarize_params
 from calculet.planner.plan import PlanRequest, kv_cache_bytes, plan_capacity
 from calculet.planner.source import load_model, model_from_config
-from calculet.planner.units import parse_size, show_bytes
+from calculet.units import parse_size, show_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QWEN3_MOE = FIXTURES / "qwen3-30b-a3b" / "config.json"

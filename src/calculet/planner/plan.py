@@ -32,7 +32,7 @@ from calculet.errors import RequestError
 from calculet.models.base import ModelSpec
 from calculet.planner.params import ParamSummary, Sharding, shard, summarize_params
 from calculet.planner.source import PlannedModel
-from calculet.planner.units import MAX_DEVICE_BYTES, MIN_DEVICE_BYTES, human_bytes
+from calculet.units import MAX_DEVICE_BYTES, MIN_DEVICE_BYTES, human_bytes
 
 COMPILED_DTYPE = "fp32"   # compile's KV cache, activations and logits
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}

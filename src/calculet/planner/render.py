@@ -6,7 +6,7 @@ Every size is printed as exact bytes plus a binary human form: `2,013,265,920 B 
 from __future__ import annotations
 
 from calculet.planner.plan import KV_DTYPES, PlanReport
-from calculet.planner.units import show_bytes
+from calculet.units import show_bytes
 
 
 def _count(n: int) -> str:
