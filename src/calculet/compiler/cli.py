@@ -11,7 +11,11 @@ def add_parser(sub) -> None:
     p.add_argument("source", nargs="?", default=None, help="Hugging Face folder or .gguf file; omit for the embedded default model")
     p.add_argument("-o", "--output", required=True, help="output calbin folder (e.g. model.calbin)")
     p.add_argument("--lanes", type=int, default=8, help="decode batch lanes (KV slots)")
-    p.add_argument("--context", type=int, default=1024, help="context length per lane (KV buffer length)")
+    p.add_argument("--context", type=int, default=None,
+                   help="context length per lane (default: what the model was trained for, cut to fit --kv-memory)")
+    p.add_argument("--kv-memory", default="auto", metavar="SIZE|auto",
+                   help="KV budget for all lanes, e.g. 4GiB: picks the context when --context is not given and refuses "
+                        "a --context that does not fit; auto = available memory less the weights and a 2 GiB margin")
     p.add_argument("--prefill-chunks", default="16,128", help="comma-separated prefill chunk sizes")
     p.add_argument("--target", default="cpu",
                    help="cpu (ONNX Runtime contrib ops: fused attention with in-place KV, int8 kernels) or "
@@ -41,6 +45,12 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def parse_kv_memory(text: str) -> int | None:
+    from calculet.units import parse_size
+
+    return None if text.strip().lower() == "auto" else parse_size(text, what="--kv-memory", minimum=1)
+
+
 def run(args) -> int:
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions, parse_chunks, parse_fusions
@@ -51,6 +61,6 @@ def run(args) -> int:
                              decode_lanes=parse_chunks(args.decode_lanes) if args.decode_lanes else (),
                              fusions=parse_fusions(args.fuse, args.no_fuse), expert_stats=args.expert_stats,
                              probes=args.probes, quant=parse_quant(args.quant, args.block_size),
-                             kv_rings=not args.no_kv_ring)
+                             kv_rings=not args.no_kv_ring, kv_memory=parse_kv_memory(args.kv_memory))
     compile_calbin(args.source, args.output, options)
     return 0

@@ -22,6 +22,7 @@ from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, GoldenInfo, Man
                                       sha256_file, write_manifest)
 from calculet.compiler import decoder
 from calculet.compiler import graphs as G
+from calculet.compiler.context_choice import resolve_context
 from calculet.compiler.kv_layout import kv_layout
 from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.options import CompileOptions
@@ -74,6 +75,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     family = family_for(source.config)
     spec = family.parse_config(source.config)
     decoder.require_buildable(spec)
+    options = resolve_context(spec, options, log)   # the trained context within the KV budget, unless asked
     if options.target == "cpu" and spec.head_dim % 16:
         raise ModelError("unsupported_head_dim", f"head_dim {spec.head_dim} is not a multiple of 16, which ONNX Runtime's CPU GroupQueryAttention needs")
     profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
