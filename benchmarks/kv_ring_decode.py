@@ -1,11 +1,11 @@
 """Decode step time with the sliding-window layers on KV rings against full-context buffers (GQA).
 
-    python benchmarks/kv_ring_decode.py [--context 1024,4096] [--lanes 8] [--fill 600] [--steps 64] [--rounds 3]
+    python benchmarks/kv_ring_decode.py [--context 1024,4096] [--lanes 8] [--fill N] [--steps 64] [--rounds 3]
     python benchmarks/kv_ring_decode.py --source tiny-hf-folder --context 256 --fill 100 --steps 8   # smoke run
 
 Compiles the model (default: the embedded Gemma 3 270M, default weight policy) twice per context,
 `kv_rings` on and off, fills every lane with `--fill` tokens, and times `--steps` decode jobs over
-all lanes, alternating the two builds for `--rounds` rounds (best round reported), so load on a
+all lanes (default fill: the context less the steps, where GQA's past is longest), alternating the two builds for `--rounds` rounds (best round reported), so load on a
 shared machine hits both alike. A ring layer attends over window + largest chunk rows at every
 step whatever the lane's length; GroupQueryAttention's window covers at most `window` past rows.
 """
@@ -62,23 +62,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", default=None, help="model source (default: the embedded Gemma 3 270M)")
     p.add_argument("--context", default="1024,4096")
     p.add_argument("--lanes", type=int, default=8)
-    p.add_argument("--fill", type=int, default=600, help="tokens in every lane before timing (past the window)")
+    p.add_argument("--fill", type=int, default=None, help="tokens in every lane before timing (default: context - steps - 1)")
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    print("context  build   ms/step (best of rounds)")
+    print("context  build  lane length  ms/step (best of rounds)")
     with tempfile.TemporaryDirectory() as tmp:
         for context in (int(c) for c in args.context.split(",")):
             devices = {rings: _device(args.source, Path(tmp) / f"{context}-{rings}.calbin", context, args.lanes, rings)
                        for rings in (True, False)}
-            lanes = {rings: _fill(d, args.fill) for rings, d in devices.items()}
+            fill = args.fill if args.fill is not None else context - args.steps - 1
+            lanes = {rings: _fill(d, fill) for rings, d in devices.items()}
             best = {True: float("inf"), False: float("inf")}
             for _ in range(args.rounds):
                 for rings, d in devices.items():
                     best[rings] = min(best[rings], _time(d, lanes[rings], args.steps))
             for rings, d in devices.items():
                 kv = d.program.manifest.kv
-                print(f"{context:>7}  {'ring' if rings else 'GQA '}  {best[rings] * 1e3:8.2f}   "
+                print(f"{context:>7}  {'ring' if rings else 'GQA '} fill {fill:>6}  {best[rings] * 1e3:8.2f}   "
                       f"(KV {kv.bytes_per_lane / 2**20:.2f} MiB per lane, ring {kv.ring})")
                 d.close()
     return 0
