@@ -228,3 +228,21 @@ def test_wrong_typed_fields_fail_checks_never_raise(llama, tmp_path, path):
         assert not unreadable, (path, value, unreadable)
         if (path, value) not in VALID:
             assert report.status is not Overall.PASS, (path, value)
+
+
+def test_a_ring_shorter_than_window_plus_chunk_fails_the_context_check(tiny_calbin, tmp_path):
+    """Guards the ring rule (issue 13): a sliding-window layer's ring of fewer than window + largest
+    chunk - 1 rows would let a chunk overwrite rows its own queries still read; gate C says so. The
+    calbin as compiled (window 8, chunks 4 and 16: rings of 24) passes."""
+    good = tiny_calbin("gemma3")
+    assert validate_calbin(good, ValidationOptions.fast()).status is Overall.PASS
+    folder = _copy(good, tmp_path)
+
+    def shrink(m):
+        for i, n in enumerate(m["kv"]["layer_lengths"]):
+            if n == 24:
+                m["kv"]["layer_lengths"][i] = 20
+    _edit(folder, shrink)
+    report = validate_calbin(folder, ValidationOptions.fast())
+    context = report.check("C.context")
+    assert context.status is Status.FAIL and "needs 23..63 rows" in context.message
