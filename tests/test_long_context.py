@@ -17,7 +17,7 @@ from decoding import generate_one
 
 pytestmark = pytest.mark.slow
 CONTEXT, TOKENS = 1024, 32
-LENGTHS = (255, 256, 257, 511, 512, 513, CONTEXT - TOKENS + 1)   # the last: prompt + 31 fed tokens = the context
+LENGTHS = (255, 256, 257, 511, 512, 513, CONTEXT - TOKENS)   # the last: prompt + 32 generated = the context
 
 
 @pytest.fixture(scope="module")
