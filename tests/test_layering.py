@@ -19,8 +19,8 @@ SRC = Path(calculet.__file__).parent
 #
 #   layer       may import (besides itself and BASE)     what it is
 #   ---------   --------------------------------------   -------------------------------------------
-#   BASE        nothing                                  calculet/__init__, errors, cpu_features (the CPU's
-#                                                        ISA flags: compile, runtime and bench all read them)
+#   BASE        nothing (but each other)                 calculet/__init__, errors, units (byte sizes),
+#                                                        cpu_features (the CPU's ISA flags: compile, runtime and bench read them)
 #   models      -                                        model descriptions (ModelSpec): numbers only
 #   sources     models                                   safetensors / GGUF folders into a SourceModel
 #   calbin      models, sources                          the package format (types), gates A-E, inspect
@@ -37,7 +37,7 @@ SRC = Path(calculet.__file__).parent
 #   TOP         anything                                 composition: cli, __main__, validation (A-E +
 #                                                        golden gate F), golden_gate, planner, llm
 #                                                        (calculet.LLM), run (`calculet run`)
-BASE = {"__init__", "errors", "cpu_features"}
+BASE = {"__init__", "errors", "units", "cpu_features"}
 ALLOWED: dict[str, set[str]] = {
     "models": set(),
     "sources": {"models"},

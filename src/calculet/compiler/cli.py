@@ -11,7 +11,11 @@ def add_parser(sub) -> None:
     p.add_argument("source", nargs="?", default=None, help="Hugging Face folder or .gguf file; omit for the embedded default model")
     p.add_argument("-o", "--output", required=True, help="output calbin folder (e.g. model.calbin)")
     p.add_argument("--lanes", type=int, default=8, help="decode batch lanes (KV slots)")
-    p.add_argument("--context", type=int, default=1024, help="context length per lane (KV buffer length)")
+    p.add_argument("--context", type=int, default=None,
+                   help="context length per lane (default: what the model was trained for, cut to fit --kv-memory)")
+    p.add_argument("--kv-memory", default="auto", metavar="SIZE|auto",
+                   help="KV budget for all lanes, e.g. 4GiB: picks the context when --context is not given and refuses "
+                        "a --context that does not fit; auto = available memory less the weights and a 2 GiB margin")
     p.add_argument("--prefill-chunks", default="16,128", help="comma-separated prefill chunk sizes")
     p.add_argument("--target", default="cpu",
                    help="cpu (ONNX Runtime contrib ops: fused attention with in-place KV, int8 kernels) or "
@@ -37,7 +41,16 @@ def add_parser(sub) -> None:
     p.add_argument("--probes", action="store_true",
                    help="debug build: every module's output (embedding, norms, attention, MLP, each layer) is also a "
                         "graph output, for `calculet compare --probe`")
+    p.add_argument("--no-kv-ring", action="store_true",
+                   help="sliding-window layers keep a full-context KV buffer (fused attention) instead of a ring of "
+                        "window + largest prefill chunk rows (for A/B runs)")
     p.set_defaults(func=run)
+
+
+def parse_kv_memory(text: str) -> int | None:
+    from calculet.units import parse_size
+
+    return None if text.strip().lower() == "auto" else parse_size(text, what="--kv-memory", minimum=1)
 
 
 def run(args) -> int:
@@ -49,6 +62,7 @@ def run(args) -> int:
                              target=args.target, weights=args.weights, block_size=args.block_size, golden=not args.no_golden,
                              decode_lanes=parse_chunks(args.decode_lanes) if args.decode_lanes else (),
                              fusions=parse_fusions(args.fuse, args.no_fuse), expert_stats=args.expert_stats,
-                             probes=args.probes, quant=parse_quant(args.quant, args.block_size))
+                             probes=args.probes, quant=parse_quant(args.quant, args.block_size),
+                             kv_rings=not args.no_kv_ring, kv_memory=parse_kv_memory(args.kv_memory))
     compile_calbin(args.source, args.output, options)
     return 0

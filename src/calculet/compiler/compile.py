@@ -17,13 +17,15 @@ import numpy as np
 import onnx
 
 from calculet import __version__
-from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, GoldenInfo, KVLayout, Manifest, ModelInfo, Profile,
+from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, GoldenInfo, Manifest, ModelInfo, Profile,
                                       Quantization, SourceInfo, TensorFormat, Toolchain, WeightsInfo, WeightTensor,
                                       sha256_file, write_manifest)
 from calculet.compiler import decoder
 from calculet.compiler import graphs as G
 from calculet.calbin.isa import SLOW_8BIT, IsaInfo
 from calculet.compiler.isa_policy import resolve_weights, uses_slow_8bit
+from calculet.compiler.context_choice import resolve_context
+from calculet.compiler.kv_layout import kv_layout
 from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.options import CompileOptions
 from calculet.compiler.provenance import provenance
@@ -85,6 +87,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     if options.target == "cpu" and uses_slow_8bit(options):
         log(f"warning: this build uses {SLOW_8BIT}. It is a numerics reference (weight-only error without activation "
             "quantization), not for serving: use --weights default (the same int8 weights, int8 compute)")
+    options = resolve_context(spec, options, log)   # the trained context within the KV budget, unless asked
     profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
                       tuple(sorted(set(options.decode_lanes) | {options.lanes})))
     log(f"compiling {spec.model_type} ({spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}) "
@@ -122,16 +125,20 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
 
     in_place = options.target == "cpu"  # standard ONNX cannot update an input in place
+    kv = kv_layout(spec, profile.lanes, profile.context, profile.prefill_chunks, in_place, options.kv_rings)
+    if kv.ring is not None:
+        log(f"KV: {len(kv.ring_layers)} sliding-window layers keep a ring of {kv.ring} rows, "
+            f"{spec.num_layers - len(kv.ring_layers)} the context of {profile.context}: "
+            f"{kv.bytes_per_lane / 2**20:.1f} MiB per lane")
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
-                                options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats)
+                                options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats,
+                                kv.layer_lengths)
     for n, gs in enumerate(signatures):
         model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes)
         if options.probes:  # the manifest lists every output, the probes too
             signatures[n] = gs = replace(gs, outputs=gs.outputs + G.probe_outputs(model))
         onnx.save_model(model, str(folder / gs.file))
 
-    kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim,
-                  in_place)
     golden = _golden(folder, source, spec, tok, profile, options, log)
     weights_info = WeightsInfo(f"graphs/{WEIGHTS_FILE}", weights.nbytes,
                                "MatMul weights [in, out]; embeddings and lm_head [vocab, hidden]",

@@ -24,7 +24,7 @@ SAMPLING_HEAD_K = 64
 @dataclass(frozen=True)
 class CompileOptions:
     lanes: int = 8
-    context: int = 1024
+    context: int | None = None   # None: what the model was trained for, within the KV budget (compiler/context_choice.py)
     prefill_chunks: tuple[int, ...] = (16, 128)
     target: str = "cpu"
     weights: str = "auto"        # a WEIGHT_POLICIES name, or auto: chosen by the CPU's ISA at compile (isa_policy.py)
@@ -36,6 +36,8 @@ class CompileOptions:
     expert_stats: bool = False   # MoE: bodies also output each row's routed experts (`expert_mask`)
     probes: bool = False         # debug build: every module's output is also a graph output (compare --probe)
     quant: tuple = ()            # per-module overrides of the policy (compiler/quant_spec.Override, from --quant)
+    kv_memory: int | None = None # KV budget in bytes for choosing (or checking) the context; None: auto
+    kv_rings: bool = True        # sliding-window layers keep a ring of window + largest chunk rows (compiler/kv_layout.py)
 
     def cache_key(self) -> str:
         """Stable across processes (a frozenset's repr order is not)."""
@@ -57,13 +59,15 @@ class CompileOptions:
     def __post_init__(self):
         if not 1 <= self.lanes <= 256:
             raise RequestError("bad_option", f"--lanes must be in 1..256, got {self.lanes}")
-        if not 16 <= self.context <= 131072:
+        if self.context is not None and not 16 <= self.context <= 131072:
             raise RequestError("bad_option", f"--context must be in 16..131072, got {self.context}")
+        if self.kv_memory is not None and self.kv_memory < 1:
+            raise RequestError("bad_option", f"--kv-memory must be > 0 bytes, got {self.kv_memory}")
         if not self.prefill_chunks:
             raise RequestError("bad_option", "--prefill-chunks needs at least one size, e.g. 16,128")
         for s in self.prefill_chunks:
-            if not 1 <= s <= self.context:
-                raise RequestError("bad_option", f"--prefill-chunks: {s} must be in 1..context ({self.context})")
+            if not 1 <= s <= (self.context or 131072):
+                raise RequestError("bad_option", f"--prefill-chunks: {s} must be in 1..context ({self.context or 131072})")
         if len(set(self.prefill_chunks)) != len(self.prefill_chunks):
             raise RequestError("bad_option", f"--prefill-chunks has duplicates: {self.prefill_chunks}")
         if self.target not in TARGETS:

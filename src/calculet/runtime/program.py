@@ -86,6 +86,20 @@ class Program:
         return self.manifest.quantized
 
     @property
+    def max_rewind(self) -> int | None:
+        """How many positions back from a lane's current end its KV can still be reused: a lane holding
+        n tokens may be cut back to any length k >= n - max_rewind and continue from there (a prefix
+        cache reusing the lane's first k tokens). None: unlimited (every buffer holds the whole context).
+
+        A sliding-window ring of R rows holds the last R positions, less one row that a decode step in
+        which the lane takes no part writes (at the lane's next position, which it later overwrites).
+        Continuing from k needs positions k - window + 1 .. k - 1, so k >= n - (R - window)."""
+        ring = self.manifest.kv.ring
+        if ring is None:
+            return None
+        return ring - int(self.manifest.spec.sliding_window)
+
+    @property
     def vocab_size(self) -> int:
         return self.manifest.spec.vocab_size
 
