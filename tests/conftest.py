@@ -47,13 +47,14 @@ def tiny_calbin(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_calbin(tmp_path_factory):
-    """The embedded default model (Gemma 3 270M) as `calculet serve` runs it: default weight policy,
-    8 lanes, context 1024, with golden/."""
+    """The embedded default model (Gemma 3 270M) as `calculet serve` runs it on a VNNI CPU: default
+    weight policy (named, not `auto`, so the numerics tests do not depend on the CPU's ISA), 8 lanes,
+    context 1024, with golden/."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
     out = tmp_path_factory.mktemp("calbin-default") / "gemma3-270m.calbin"
-    return compile_calbin(None, out, CompileOptions(lanes=8, context=1024), log=print)
+    return compile_calbin(None, out, CompileOptions(lanes=8, context=1024, weights="default"), log=print)
 
 
 @pytest.fixture(scope="session")

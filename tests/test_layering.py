@@ -19,7 +19,8 @@ SRC = Path(calculet.__file__).parent
 #
 #   layer       may import (besides itself and BASE)     what it is
 #   ---------   --------------------------------------   -------------------------------------------
-#   BASE        nothing                                  calculet/__init__, errors
+#   BASE        nothing (but each other)                 calculet/__init__, errors, units (byte sizes),
+#                                                        cpu_features (the CPU's ISA flags: compile, runtime and bench read them)
 #   models      -                                        model descriptions (ModelSpec): numbers only
 #   sources     models                                   safetensors / GGUF folders into a SourceModel
 #   calbin      models, sources                          the package format (types), gates A-E, inspect
@@ -31,10 +32,12 @@ SRC = Path(calculet.__file__).parent
 #   engine      runtime, calbin, models                  scheduler, sampler, generation on a device
 #   server      engine, runtime, calbin, models          HTTP on top of the engine
 #   bench       -                                        talks HTTP: nothing of server/engine/runtime
+#   ray         server, engine, runtime, calbin, models  Ray Serve replicas of the server (optional extra;
+#                                                        nothing below imports it, see test below)
 #   TOP         anything                                 composition: cli, __main__, validation (A-E +
 #                                                        golden gate F), golden_gate, planner, llm
 #                                                        (calculet.LLM), run (`calculet run`)
-BASE = {"__init__", "errors"}
+BASE = {"__init__", "errors", "units", "cpu_features"}
 ALLOWED: dict[str, set[str]] = {
     "models": set(),
     "sources": {"models"},
@@ -46,6 +49,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"runtime", "calbin", "models"},
     "server": {"engine", "runtime", "calbin", "models"},
     "bench": set(),
+    "ray": {"server", "engine", "runtime", "calbin", "models"},
 }
 TOP = {"cli", "__main__", "validation", "golden_gate", "planner", "llm", "run", "numerics"}
 
@@ -149,3 +153,16 @@ def test_the_walker_sees_function_level_and_relative_imports(tmp_path):
     found = _imports(f, tmp_path / "calculet")
     assert "calculet.engine" in found and "calculet.compiler" in found and "calculet.runtime.lanes" in found
     assert layer_of("calculet.compiler.graphs") == "compiler" and "compiler" not in ALLOWED["runtime"]
+
+
+def test_serve_never_imports_ray():
+    """The single-process server stays Ray-free: `calculet serve`'s modules and the CLI parser
+    (which registers `calculet ray`) load no `ray` module even when Ray is installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys, calculet.cli, calculet.server.runner, calculet.server.app, calculet.server.model, "
+            "calculet.ray.cli, calculet.ray.options, calculet.ray.bridge; calculet.cli.build_parser(); "
+            "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", f"Ray imported by the server path: {out}"

@@ -42,6 +42,15 @@ def _source_key(source: str | None, options) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _resolved(source: str | None, options, log):
+    from calculet.compiler.context_choice import resolve_context
+    from calculet.models import family_for
+    from calculet.sources.resolve import load_config
+
+    config = load_config(source).config
+    return resolve_context(family_for(config).parse_config(config), options, log)
+
+
 def ensure_calbin(source: str | None, options, log=print) -> Path:
     """A calbin path for `source`: itself when it already is one, else a cached compile of it.
 
@@ -53,6 +62,8 @@ def ensure_calbin(source: str | None, options, log=print) -> Path:
     from dataclasses import replace
 
     options = replace(options, golden=False)
+    if options.context is None:   # the key holds the context chosen now (it depends on the host's memory)
+        options = _resolved(source, options, log)
     name = Path(source).name if source else "default-gemma3-270m"
     target = cache_root() / f"{name}-{_source_key(source, options)}.calbin"
     if (target / MANIFEST).is_file():

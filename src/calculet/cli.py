@@ -21,6 +21,7 @@ _COMMANDS = [
     "calculet.planner.cli",    # plan
     "calculet.server.cli",     # serve
     "calculet.server.admin_cli",  # admin (load, unload, reload, list on a running server)
+    "calculet.ray.cli",        # ray serve (Ray imported only when it runs)
     "calculet.bench.cli",      # bench
     "calculet.numerics.cli",   # reference make, compare, eval perplexity
 ]

@@ -42,9 +42,9 @@ class LLMOptions:
     provider_options: tuple[tuple[str, str], ...] = ()   # (key, value) pairs for the provider
     full_hash: bool = False                    # verify every file's SHA-256 before loading
     lanes: int | None = None                   # compile: lanes (default 8)
-    context: int | None = None                 # compile: context (default 1024)
+    context: int | None = None                 # compile: context (default: the trained context within the memory budget)
     prefill_chunks: tuple[int, ...] | None = None   # compile: chunk sizes (default 16, 128)
-    weights: str | None = None                 # compile: weight policy (default "default")
+    weights: str | None = None                 # compile: weight policy (default "auto": by the CPU's ISA)
     chips: int | None = None                   # compile: split over this many chips (needs partition)
     partition: str | None = None               # compile: "pp" or "tp" (calbin/partition.py)
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step

@@ -63,6 +63,8 @@ def test_report_markdown_and_plots(report: Path):
     text = report.read_text()
     assert text.startswith("# Benchmark report: scripted")
     assert "| closed-c2/p16/o21 | 8 / 8 | 0 |" in text and "TTFT≤350ms" in text
+    from calculet.cpu_features import detect
+    assert f"- client CPU: {detect().model or 'unknown model'}" in text and " ".join(detect().flags) in text
     for name in ("latency_cdfs", "throughput_vs_load", "ttft_vs_prompt_length"):
         png = report.parent / "plots" / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -58,6 +58,8 @@ def test_records_hold_client_times_usage_and_server_timings(measured_run: Path):
     info = json.loads((measured_run.parent / "run.json").read_text())
     assert info["server"]["context"] == 4096 and info["tokenizer"].startswith("server ")
     assert [p["scenario"] for p in info["phases"]] == ["closed-c2/p16/o21", "closed-c4/p16/o21"]
+    from calculet.cpu_features import detect
+    assert info["client_cpu"] == detect().to_json()   # every run says which CPU it measured on (issue 14)
 
 
 def _config(url: str, out: Path, **settings) -> BenchConfig:

@@ -80,9 +80,10 @@ def test_text_report_has_every_section(llama, capsys):
     decode = _widest_decode(inspect_calbin(llama)).graph.name
     assert main(["inspect", str(llama)]) == 0
     out = capsys.readouterr().out
-    for needle in ("schema calculet.calbin/2", "profile: lanes 4", f"graph {decode} (decode, 4 lanes x 1 tokens)",
+    for needle in ("schema calculet.calbin/3", "profile: lanes 4", f"graph {decode} (decode, 4 lanes x 1 tokens)",
                    "com.microsoft  GroupQueryAttention", "shape families", "memory plan (bytes",
-                   f"staging {decode}", "(an estimate)", "quantization policy", "model.layers.*."):
+                   f"staging {decode}", "(an estimate)", "quantization policy", "model.layers.*.",
+                   "  isa: weights ", "compiled on "):
         assert needle in out, needle
 
 
@@ -135,5 +136,5 @@ def test_old_schema_calbin_says_how_to_recompile(llama, tmp_path, capsys):
     (folder / "manifest.json").write_text(json.dumps(m))
     assert main(["inspect", str(folder)]) == 2
     err = capsys.readouterr().err
-    assert "error[manifest_schema]" in err and "calculet.calbin/1" in err and "calculet.calbin/2" in err
+    assert "error[manifest_schema]" in err and "calculet.calbin/1" in err and "calculet.calbin/3" in err
     assert f"calculet compile SOURCE -o {folder}" in err

@@ -25,7 +25,7 @@ def test_json_round_trip_is_exact(llama):
     text = (llama / MANIFEST).read_text()
     raw = json.loads(text)
     m = Manifest.from_json(raw)
-    assert m.schema_version == SCHEMA_VERSION == "calculet.calbin/2"
+    assert m.schema_version == SCHEMA_VERSION == "calculet.calbin/3"
     assert json.dumps(m.to_json(), indent=1) + "\n" == text
     assert Manifest.from_json(m.to_json()) == m
 
@@ -34,7 +34,7 @@ def test_sections_are_typed_and_frozen(llama):
     m = read_manifest(llama)
     assert m.spec.vocab_size >= m.tokenizer.vocab_size and m.model.source.sha256
     assert all(g.file == f"graphs/{g.name}.onnx" for g in m.graphs)
-    assert m.memory_plan.kv.total_bytes == m.kv.total_bytes == 2 * m.kv.num_layers * m.kv.bytes_per_buffer
+    assert m.memory_plan.kv.total_bytes == m.kv.total_bytes == m.kv.lanes * 2 * sum(m.kv.layer_lengths) * m.kv.bytes_per_position
     with pytest.raises(AttributeError):
         m.target = "portable"  # type: ignore[misc]
 
@@ -71,4 +71,4 @@ def test_old_schema_is_refused_with_the_command_that_recompiles(llama, tmp_path)
     (folder / MANIFEST).write_text(json.dumps(raw))
     with pytest.raises(ModelError) as exc:
         read_manifest(folder)
-    assert "not supported; supported: calculet.calbin/2" in exc.value.message
+    assert "not supported; supported: calculet.calbin/3" in exc.value.message

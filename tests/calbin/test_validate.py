@@ -198,7 +198,8 @@ FIELDS = ("schema_version", "target", "model", "model.hyperparameters", "model.h
           "memory_plan.workspace_estimate_bytes", "memory_plan.unit",
           "golden", "toolchain", "files", "graphs.0", "graphs.2.type", "graphs.2.file", "graphs.2.lanes", "graphs.0.inputs",
           "graphs.0.inputs.0", "graphs.0.inputs.0.shape", "graphs.1.outputs.0.dtype", "memory_plan.kv.dtype",
-          "memory_plan.kv.buffer_shape", "memory_plan.kv.buffers", "memory_plan.kv.buffer_bytes", "memory_plan.staging.0",
+          "memory_plan.kv.groups.0.buffer_shape", "memory_plan.kv.groups.0.buffers", "memory_plan.kv.groups.0.buffer_bytes",
+          "memory_plan.kv.bytes_per_lane", "kv.layer_lengths", "kv.layer_lengths.0", "memory_plan.staging.0",
           "memory_plan.staging.1.graph", "memory_plan.staging.1.bindings", "memory_plan.staging.1.binding_bytes",
           "profile.decode_lanes", "model.source", "toolchain.onnx",
           "weights.tensors.0", "weights.tensors.0.offset", "weights.tensors.0.shape")
@@ -228,3 +229,21 @@ def test_wrong_typed_fields_fail_checks_never_raise(llama, tmp_path, path):
         assert not unreadable, (path, value, unreadable)
         if (path, value) not in VALID:
             assert report.status is not Overall.PASS, (path, value)
+
+
+def test_a_ring_shorter_than_window_plus_chunk_fails_the_context_check(tiny_calbin, tmp_path):
+    """Guards the ring rule (issue 13): a sliding-window layer's ring of fewer than window + largest
+    chunk - 1 rows would let a chunk overwrite rows its own queries still read; gate C says so. The
+    calbin as compiled (window 8, chunks 4 and 16: rings of 24) passes."""
+    good = tiny_calbin("gemma3")
+    assert validate_calbin(good, ValidationOptions.fast()).status is Overall.PASS
+    folder = _copy(good, tmp_path)
+
+    def shrink(m):
+        for i, n in enumerate(m["kv"]["layer_lengths"]):
+            if n == 24:
+                m["kv"]["layer_lengths"][i] = 20
+    _edit(folder, shrink)
+    report = validate_calbin(folder, ValidationOptions.fast())
+    context = report.check("C.context")
+    assert context.status is Status.FAIL and "needs 23..63 rows" in context.message

@@ -207,13 +207,21 @@ def _rename_key(section: str, old: str, new: str) -> Callable[[dict], None]:
 def _kv_as_if_fp16(m):
     """A plan that halves the KV bytes (as for float16) while the KV layout stays float32."""
     kv = m["memory_plan"]["kv"]
-    kv["buffer_bytes"] //= 2
+    for group in kv["groups"]:
+        group["buffer_bytes"] //= 2
+        group["total_bytes"] //= 2
+    kv["bytes_per_lane"] //= 2
     kv["total_bytes"] //= 2
     m["memory_plan"]["total_bytes"] -= kv["total_bytes"]
 
 
 def _kv_other_context(m):
-    m["memory_plan"]["kv"]["buffer_shape"][2] = 128
+    m["memory_plan"]["kv"]["groups"][0]["buffer_shape"][2] = 128
+
+
+def _ring_on_a_full_layer(m):
+    """A full-attention layer (llama has no sliding ones) claims a ring: it would lose its context."""
+    m["kv"]["layer_lengths"][0] = 24
 
 
 def _staging_too_small(m, name):
@@ -297,7 +305,7 @@ CORPUS = [
          {"B.size_unit", "B.required_field", "B.parse"}),
     case("size_in_megabytes", _m(_rename_key("memory_plan", "workspace_estimate_bytes", "workspace_estimate_mb")),
          {"B.size_unit", "B.required_field", "B.parse"}),
-    case("nested_size_as_text", _m(lambda m: m["memory_plan"]["kv"].update(buffer_bytes="1 MiB")),
+    case("nested_size_as_text", _m(lambda m: m["memory_plan"]["kv"]["groups"][0].update(buffer_bytes="1 MiB")),
          {"B.size_unit"}, allow={"B.parse"}),
     case("plan_unit_missing", _m(_del("memory_plan.unit")), {"B.size_unit", "B.required_field", "B.parse"}),
     case("plan_unit_wrong", _m(_set("memory_plan.unit", "MB")), {"B.size_unit"}),
@@ -317,7 +325,9 @@ CORPUS = [
     case("kv_bytes_not_the_layout", _m(_kv_as_if_fp16), {"D.kv"}),
     case("kv_dtype_not_the_layout", _m(_set("memory_plan.kv.dtype", "float16")), {"D.kv"}),
     case("kv_shape_not_the_layout", _m(_kv_other_context), {"D.kv"}),
-    case("kv_buffers_not_per_layer", _m(lambda m: m["memory_plan"]["kv"].update(buffers=1)), {"D.kv"}),
+    case("kv_buffers_not_per_layer", _m(lambda m: m["memory_plan"]["kv"]["groups"][0].update(buffers=1)), {"D.kv"}),
+    case("kv_bytes_per_lane_wrong", _m(lambda m: m["memory_plan"]["kv"].update(bytes_per_lane=8)), {"D.kv"}),
+    case("ring_on_a_full_layer", _m(_ring_on_a_full_layer), {"C.context"}, allow={"D.kv"}),
     case("graph_kv_not_a_view", on_main_decode(lambda m, name: graph(m, name)["inputs"][-1]["shape"].__setitem__(2, 128)),
          {"D.kv"}, allow={"C.context", "C.graph_io", "C.kv_shape"}),
     case("staging_too_small", on_main_decode(_staging_too_small), {"D.staging"}),

@@ -38,7 +38,8 @@ def test_check_stored_accepts_the_planned_arrays_and_names_a_missing_one():
 
 def test_tied_int8_embedding_is_stored_once_and_the_head_gets_coarse_copies():
     spec = parse_config(TINY)
-    names = {t.name: t for t in weight_plan(spec, CompileOptions(lanes=1, context=32, prefill_chunks=(4,))).tensors}
+    names = {t.name: t for t in weight_plan(spec, CompileOptions(lanes=1, context=32, prefill_chunks=(4,),
+                                                              weights="default")).tensors}
     assert "lm_head.weight" not in names and names["model.embed_tokens.weight"].fmt.kind == "int8"
     assert names["lm_head.coarse"].fmt.kind == "int4" and names["lm_head.coarse"].role == "copy"
     fp32 = {t.name for t in weight_plan(spec, CompileOptions(lanes=1, context=32, prefill_chunks=(4,),

@@ -24,7 +24,7 @@ from calculet.errors import ModelError, RequestError
 from calculet.planner.params import shard, summarize_params
 from calculet.planner.plan import PlanRequest, kv_cache_bytes, plan_capacity
 from calculet.planner.source import load_model, model_from_config
-from calculet.planner.units import parse_size, show_bytes
+from calculet.units import parse_size, show_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QWEN3_MOE = FIXTURES / "qwen3-30b-a3b" / "config.json"
@@ -362,7 +362,9 @@ def test_cli_plans_a_gguf_from_metadata(capsys, gemma_gguf):
                       "--device-memory", "1GiB", "--json")
     data = json.loads(out)
     assert rc == 0 and data["params"]["total_params"] == 268_098_176
-    assert data["kv"]["bytes_total"] == 18 * 1 * 2 * 256 * 2048 * 4 * 2  # bf16
+    # 3 global layers hold the context, 15 sliding-window layers a ring of 512 + 128 (the prefill chunk)
+    assert data["kv"]["bytes_total"] == (3 * 2048 + 15 * 640) * 1 * 2 * 256 * 4 * 2  # bf16
+    assert (data["kv"]["ring"], data["kv"]["ring_layers"]) == (640, 15)
 
 
 def _bad_inputs(tmp: Path) -> list[tuple[list[str], str, str]]:

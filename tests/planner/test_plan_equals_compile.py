@@ -78,7 +78,8 @@ def test_plan_without_coarse_head_matches_a_compile_without_it(tiny_model_dir, t
     from calculet.compiler.options import FUSIONS, CompileOptions
 
     fusions = frozenset(FUSIONS) - {"coarse-head"}
-    options = CompileOptions(lanes=LANES, context=CONTEXT, prefill_chunks=(4, 16), golden=False, fusions=fusions)
+    options = CompileOptions(lanes=LANES, context=CONTEXT, prefill_chunks=(4, 16), golden=False, fusions=fusions,
+                             weights="default")  # plan's default; compile's auto follows the CPU
     path = compile_calbin(str(tiny_model_dir("llama")), tmp_path / "m.calbin", options, log=lambda _m: None)
     manifest = read_manifest(path)
     plan = _plan(capsys, tiny_model_dir("llama"), "--no-fuse", "coarse-head")

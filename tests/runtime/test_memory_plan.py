@@ -31,7 +31,7 @@ def test_runtime_allocates_what_the_plan_states(tiny_model_dir, tmp_path, target
         for n in (1, 2, 3):                     # every decode graph (and its head)
             d.run(DecodeJob(tuple(lanes[:n]), tuple(range(7, 7 + n))), 30)
 
-        assert d.lanes.all_keys.nbytes + d.lanes.all_values.nbytes == plan.kv.total_bytes
+        assert d.lanes.nbytes == plan.kv.total_bytes
         assert d.program._weights.nbytes == plan.weights_bytes
         staging = {s.graph: s for s in plan.staging}
         assert set(staging) == {g.name for g in d.program.graphs}

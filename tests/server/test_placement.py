@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from calculet.calbin.memory_plan import KVBuffers, MemoryPlan, Staging
+from calculet.calbin.memory_plan import KVBuffers, KVGroup, MemoryPlan, Staging
 from calculet.errors import ModelError, RequestError
 from calculet.server.placement import Placement, parse_bytes, plan_bytes, server_chips
 
@@ -13,7 +13,7 @@ MIB = 1 << 20
 
 
 def plan(weights_mib: int, kv_mib: int = 1) -> MemoryPlan:
-    kv = KVBuffers("float32", (1, 1, 1, 1), 2, kv_mib * MIB // 2, kv_mib * MIB)
+    kv = KVBuffers("float32", (KVGroup((0,), (1, 1, 1, 1), 2, kv_mib * MIB // 2, kv_mib * MIB),), kv_mib * MIB, kv_mib * MIB)
     staging = (Staging("decode_1", 1, 1000, 1000),)
     total = weights_mib * MIB + kv_mib * MIB + 1000
     return MemoryPlan(weights_mib * MIB, kv, staging, total, workspace_estimate_bytes=24)

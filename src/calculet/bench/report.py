@@ -111,7 +111,16 @@ def _run_facts(info: dict[str, Any]) -> list[str]:
         f"fixed output {workload.get('fixed_output')}",
         f"- tokens counted with {info.get('tokenizer') or 'the prompts file'}; context "
         f"{server.get('context') or 'unknown'} ({server.get('context_source') or 'not reported'})",
+        f"- client CPU: {_cpu_line(info.get('client_cpu'))}",
     ]
+
+
+def _cpu_line(cpu: dict | None) -> str:
+    """`AMD EPYC (x86_64): avx2 fma f16c avx512f avx512_vnni (/proc/cpuinfo)`, or why it is unknown."""
+    if not cpu:
+        return "not recorded (a run from before CPU features were recorded)"
+    name = f"{cpu.get('model') or 'unknown model'} ({cpu.get('machine') or '?'})"
+    return f"{name}: {' '.join(cpu.get('flags', [])) or 'none of the tracked features'} ({cpu.get('source')})"
 
 
 def write_report(run: Path, out: Path | None = None, slo: Slo | None = None) -> Path:
@@ -127,7 +136,7 @@ def write_report(run: Path, out: Path | None = None, slo: Slo | None = None) -> 
     if not summaries:
         raise ValueError(f"{run} holds no measured requests (only warm-up)")
     (out / "summary.json").write_text(
-        json.dumps({"run_id": info.get("run_id"), "label": info.get("label"),
+        json.dumps({"run_id": info.get("run_id"), "label": info.get("label"), "client_cpu": info.get("client_cpu"),
                     "scenarios": [asdict(s) for s in summaries]}, indent=2) + "\n",
         encoding="utf-8")
     plots = write_plots(records, summaries, out / "plots")

@@ -35,6 +35,7 @@ from calculet.bench.records import PROMPTS_FILE, RECORDS_FILE, RUN_FILE, Request
 from calculet.bench.schedule import arrival_times
 from calculet.bench.tokens import LocalTokenizer, RemoteTokenizer, TokenCounter
 from calculet.bench.workload import Phase, Prompt, plan_phases, prompts_in_file_order
+from calculet.cpu_features import detect
 from calculet.errors import RequestError
 
 
@@ -66,6 +67,9 @@ def run_benchmark(config: BenchConfig) -> Path:
                    "context_source": "--max-context" if config.workload.max_context else facts.context_source,
                    **facts.raw},
         "tokenizer": counter.source if counter else None,
+        # The machine the client runs on: the server's too when both share it (benchmarks/vs_llamacpp).
+        # Its ISA decides ONNX Runtime's int8 kernels, so every result says which CPU it came from.
+        "client_cpu": detect().to_json(),
         "notes": notes,
         "phases": [],
     }

@@ -37,7 +37,9 @@ def render_text(report: InspectReport) -> str:
         f"  source {model['source'].get('kind')} {model['source'].get('path')} (sha256 {str(model['source'].get('sha256'))[:12]}…)",
         f"  profile: lanes {profile['lanes']}, context {profile['context']}, prefill chunks {profile['prefill_chunks']}"
         + (f", decode batch sizes {profile['decode_lanes']}" if profile.get("decode_lanes") else ""),
-        f"  kv: {kv['layout']} {kv['dtype']} {kv['shape']} x {kv['layers']} layers x (K, V) = {show_bytes(kv['total_bytes'])}"
+        f"  kv: {kv['layout']} {kv['dtype']} {kv['lanes']} lanes x context {kv['context']} x {kv['layers']} layers x (K, V)"
+        + (f", layers {kv['ring_layers']} in rings of {kv['ring']} rows" if kv["ring"] else "")
+        + f" = {show_bytes(kv['bytes_per_lane'])} per lane, {show_bytes(kv['total_bytes'])} in all"
         + (", updated in place" if kv["in_place"] else ""),
         f"  tokenizer: vocab {tok['vocab_size']}, bos {tok['bos_token_id']}, eos {tok['eos_token_ids']}, pad {tok['pad_token_id']}, "
         f"add_bos {tok['add_bos_token']}, chat template {'yes' if tok['chat_template'] else 'no'}",
@@ -46,6 +48,7 @@ def render_text(report: InspectReport) -> str:
         f"  golden: {s['golden'] if s['golden'] else 'none'}",
         f"  passes: {', '.join(s['passes']) or 'none'}",
         "  toolchain: " + ", ".join(f"{k} {v}" for k, v in s["toolchain"].items()),
+        _isa(s.get("isa")),
         *inspect_moe.render(s.get("moe")),
         *_partition(s.get("partition")),
     ]
@@ -53,6 +56,15 @@ def render_text(report: InspectReport) -> str:
         out += [""] + _graph(g)
     out += [""] + _memory(report) + [""] + _quant(report)
     return "\n".join(out)
+
+
+def _isa(isa: dict | None) -> str:
+    if not isa:
+        return "  isa: not recorded (compiled before CPU features were recorded)"
+    choice, cpu = isa["choice"], isa["compile_cpu"]
+    how = "auto" if choice["requested"] == "auto" else "named"
+    return (f"  isa: weights {choice['chosen']} ({how}: {choice['reason']}); compiled on "
+            f"{' '.join(cpu['flags']) or 'none of the tracked features'} ({cpu['source']})")
 
 
 def _partition(part: dict | None) -> list[str]:
@@ -101,13 +113,17 @@ def _graph(summary: GraphSummary) -> list[str]:
     return out
 
 
+def _span(layers: tuple[int, ...]) -> str:
+    return ",".join(map(str, layers)) if len(layers) <= 6 else f"{','.join(map(str, layers[:5]))},... ({len(layers)})"
+
+
 def _memory(report: InspectReport) -> list[str]:
     mem = report.memory
     out = [f"memory plan ({mem.unit}): the runtime holds {mem.total_bytes} ({show_bytes(mem.total_bytes)}); "
            f"ONNX Runtime workspace about {show_bytes(mem.workspace_estimate_bytes)} more (an estimate)"]
-    rows = [("weights", "mapped once", mem.weights_bytes, show_bytes(mem.weights_bytes)),
-            ("kv", f"{mem.kv.buffers} x {list(mem.kv.buffer_shape)} {mem.kv.dtype}", mem.kv.total_bytes,
-             show_bytes(mem.kv.total_bytes))]
+    rows = [("weights", "mapped once", mem.weights_bytes, show_bytes(mem.weights_bytes))]
+    rows += [(f"kv layers {_span(g.layers)}", f"{g.buffers} x {list(g.buffer_shape)} {mem.kv.dtype}", g.total_bytes,
+              show_bytes(g.total_bytes)) for g in mem.kv.groups]
     rows += [(f"staging {s.graph}", f"{s.bindings} x {s.binding_bytes}", s.total_bytes, show_bytes(s.total_bytes))
              for s in mem.staging]
     out += ["  " + line for line in _table(rows, ("buffer", "made of", "bytes", ""), right={2, 3})]

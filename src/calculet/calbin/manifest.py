@@ -25,15 +25,17 @@ from pathlib import Path
 
 from calculet.calbin.graphspec import DTYPE_BYTES, GraphSpec
 from calculet.calbin.memory_plan import MemoryPlan
+from calculet.calbin.isa import IsaInfo
 from calculet.calbin.partition import Partition
 from calculet.calbin.provenance import Provenance
 from calculet.errors import ModelError
 from calculet.models.base import ModelSpec
 
-SCHEMA_VERSION = "calculet.calbin/2"
+SCHEMA_VERSION = "calculet.calbin/3"
 SUPPORTED_SCHEMAS = (SCHEMA_VERSION,)
 # Older schemas this reader recognises only to say how to get a current calbin.
-RETIRED_SCHEMAS = {"calculet.calbin/1": "its memory plan and manifest sections changed in calculet.calbin/2"}
+RETIRED_SCHEMAS = {"calculet.calbin/1": "its memory plan and manifest sections changed in calculet.calbin/2",
+                   "calculet.calbin/2": "its KV layout and memory plan list a buffer length per layer (sliding-window rings) since calculet.calbin/3"}
 MANIFEST = "manifest.json"
 TARGETS = ("cpu", "portable")   # cpu: ONNX Runtime contrib ops, KV in place; portable: standard ONNX ops only
 
@@ -93,28 +95,60 @@ class TokenizerInfo:
 
 @dataclass(frozen=True)
 class KVLayout:
-    layout: str          # "BNSH": per layer [lanes, kv_heads, context, head_dim]
+    """The KV buffers: per layer one K and one V buffer [lanes, kv_heads, length, head_dim].
+
+    A full-attention layer's buffer holds the whole context (length = context, position p at row p).
+    A sliding-window layer may hold a ring instead (length = ring < context, position p at row
+    p mod ring): it only ever reads the last `window` positions, so window + the largest prefill chunk
+    rows are enough (a chunk's writes never reach rows its own queries still read)."""
+    layout: str          # "BNSH": per layer [lanes, kv_heads, length, head_dim]
     dtype: str
     num_layers: int
     lanes: int
     kv_heads: int
-    context: int
+    context: int         # positions a lane can hold (the full-attention layers' buffer length)
     head_dim: int
     in_place: bool       # present_* outputs alias past_* inputs
+    layer_lengths: tuple[int, ...]   # rows of each layer's buffer: context, or the ring length (gate C checks it)
+
+    def length(self, layer: int) -> int:
+        return self.layer_lengths[layer]
+
+    def layer_shape(self, layer: int) -> tuple[int, int, int, int]:
+        """One layer's K (or V) buffer: [lanes, kv_heads, length, head_dim]."""
+        return (self.lanes, self.kv_heads, self.layer_lengths[layer], self.head_dim)
 
     @property
-    def shape(self) -> tuple[int, int, int, int]:
-        return (self.lanes, self.kv_heads, self.context, self.head_dim)
+    def ring(self) -> int | None:
+        """The ring length of the sliding-window layers, or None when every buffer holds the context."""
+        rings = {n for n in self.layer_lengths if n != self.context}
+        return min(rings) if rings else None
 
     @property
-    def bytes_per_buffer(self) -> int:
-        n = self.lanes * self.kv_heads * self.context * self.head_dim
-        return n * DTYPE_BYTES[self.dtype]
+    def ring_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, n in enumerate(self.layer_lengths) if n != self.context)
+
+    @property
+    def bytes_per_position(self) -> int:
+        """One position of one lane in one K (or V) buffer: kv_heads x head_dim x dtype bytes."""
+        return self.kv_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+
+    @property
+    def bytes_per_lane(self) -> int:
+        """(full layers x context + ring layers x ring) x 2 (K, V) x kv_heads x head_dim x dtype bytes."""
+        return 2 * sum(self.layer_lengths) * self.bytes_per_position
 
     @property
     def total_bytes(self) -> int:
-        """Every layer's K and V buffer: layers x 2 x lanes x kv_heads x context x head_dim x dtype bytes."""
-        return 2 * self.num_layers * self.bytes_per_buffer
+        """Every layer's K and V buffer for every lane."""
+        return self.lanes * self.bytes_per_lane
+
+    def to_json(self) -> dict:
+        return {**_plain(self), "layer_lengths": list(self.layer_lengths)}
+
+    @staticmethod
+    def from_json(d: dict) -> "KVLayout":
+        return KVLayout(**{**d, "layer_lengths": tuple(d["layer_lengths"])})
 
 
 @dataclass(frozen=True)
@@ -251,6 +285,7 @@ class Manifest:
     files: dict[str, FileEntry]         # every file but manifest.json, by path relative to the calbin
     passes: tuple[str, ...] = ()        # fusion passes applied
     provenance: Provenance | None = None   # source identity, compile command, toolchain (calbin/provenance.py)
+    isa: IsaInfo | None = None          # compiling CPU's features and the weight policy's reason (calbin/isa.py)
     partition: Partition | None = None     # --chips N --partition pp|tp: which chip holds what (calbin/partition.py)
 
     @property
@@ -276,7 +311,7 @@ class Manifest:
             "tokenizer": {**_plain(self.tokenizer), "eos_token_ids": list(self.tokenizer.eos_token_ids)},
             "profile": {k: list(v) if isinstance(v, tuple) else v for k, v in _plain(self.profile).items()},
             "graphs": [g.to_json() for g in self.graphs],
-            "kv": _plain(self.kv),
+            "kv": self.kv.to_json(),
             "weights": self.weights.to_json(),
             "quantization": self.quantization.to_json(),
             "memory_plan": self.memory_plan.to_json(),
@@ -285,6 +320,7 @@ class Manifest:
             "files": {k: _plain(v) for k, v in self.files.items()},
             "passes": list(self.passes),
             "provenance": None if self.provenance is None else self.provenance.to_json(),
+            "isa": None if self.isa is None else self.isa.to_json(),
             **({} if self.partition is None else {"partition": self.partition.to_json()}),
         }
 
@@ -298,7 +334,7 @@ class Manifest:
                 tokenizer=TokenizerInfo.from_json(d["tokenizer"]),
                 profile=Profile.from_json(d["profile"]),
                 graphs=tuple(GraphSpec.from_json(g) for g in d["graphs"]),
-                kv=KVLayout(**d["kv"]),
+                kv=KVLayout.from_json(d["kv"]),
                 weights=WeightsInfo.from_json(d["weights"]),
                 quantization=Quantization.from_json(d["quantization"]),
                 memory_plan=MemoryPlan.from_json(d["memory_plan"]),
@@ -307,6 +343,7 @@ class Manifest:
                 files={k: FileEntry(**v) for k, v in d["files"].items()},
                 passes=tuple(d.get("passes", ())),
                 provenance=Provenance.from_json(d["provenance"]) if d.get("provenance") else None,
+                isa=IsaInfo.from_json(d["isa"]) if d.get("isa") else None,
                 partition=Partition.from_json(d["partition"]) if d.get("partition") else None,
             )
         except KeyError as exc:

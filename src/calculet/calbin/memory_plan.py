@@ -1,8 +1,11 @@
 """The memory plan: what the runtime really allocates or maps for a calbin, in bytes.
 
     weights     graphs/weights.bin, memory-mapped once and shared by every session
-    kv          one K and one V buffer per layer, [lanes, kv_heads, context, head_dim] each
-                (runtime/lanes.py allocates them as two [layers, lanes, kv_heads, context, head_dim] arrays)
+    kv          one K and one V buffer per layer, [lanes, kv_heads, length, head_dim] each, in groups
+                of one length: full-attention layers hold the context, sliding-window layers a ring
+                (runtime/lanes.py allocates each group as two [layers, lanes, kv_heads, length, head_dim]
+                arrays); bytes per lane = (full layers x context + ring layers x ring) x 2 x kv_heads
+                x head_dim x dtype bytes
     staging     per graph, the arrays of its IO bindings (runtime/bindings.py): every input and output
                 but the KV views (and a body's `hidden`, which is its head's input array); a prefill
                 graph may get one binding per first lane, a decode or head graph one
@@ -22,20 +25,38 @@ UNIT = "bytes"
 
 
 @dataclass(frozen=True)
-class KVBuffers:
-    dtype: str
-    buffer_shape: tuple[int, ...]   # one layer's K (or V): [lanes, kv_heads, context, head_dim]
+class KVGroup:
+    """The K and V buffers of the layers whose buffers have one length."""
+    layers: tuple[int, ...]         # layer indices, ascending
+    buffer_shape: tuple[int, ...]   # one layer's K (or V): [lanes, kv_heads, length, head_dim]
     buffers: int                    # layers x 2 (K and V)
     buffer_bytes: int               # bytes of one buffer
     total_bytes: int                # buffers x buffer_bytes
 
     def to_json(self) -> dict:
-        return {"dtype": self.dtype, "buffer_shape": list(self.buffer_shape), "buffers": self.buffers,
+        return {"layers": list(self.layers), "buffer_shape": list(self.buffer_shape), "buffers": self.buffers,
                 "buffer_bytes": self.buffer_bytes, "total_bytes": self.total_bytes}
 
     @staticmethod
+    def from_json(d: dict) -> "KVGroup":
+        return KVGroup(tuple(d["layers"]), tuple(d["buffer_shape"]), d["buffers"], d["buffer_bytes"], d["total_bytes"])
+
+
+@dataclass(frozen=True)
+class KVBuffers:
+    dtype: str
+    groups: tuple[KVGroup, ...]     # by buffer length, longest (the context) first
+    bytes_per_lane: int             # every layer's K and V rows of one lane
+    total_bytes: int                # sum of the groups = lanes x bytes_per_lane
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype, "groups": [g.to_json() for g in self.groups],
+                "bytes_per_lane": self.bytes_per_lane, "total_bytes": self.total_bytes}
+
+    @staticmethod
     def from_json(d: dict) -> "KVBuffers":
-        return KVBuffers(d["dtype"], tuple(d["buffer_shape"]), d["buffers"], d["buffer_bytes"], d["total_bytes"])
+        return KVBuffers(d["dtype"], tuple(KVGroup.from_json(g) for g in d["groups"]), d["bytes_per_lane"],
+                         d["total_bytes"])
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ buffers (one array assignment for all layers). Attention runs over two key sets 
 
 with g = N / Nkv query heads per KV head, positions pos[l, j] = seqlens_k[l] + 1 - S + j, and RoPE
 applied with Gather on the cos/sin tables (rotate-half layout).
+
+A sliding-window layer compiled with a ring (compiler/kv_layout.py) has R rows of past, position p
+in row p mod R; the runtime stores only real tokens, so before this step row c holds position
+start - 1 - e with e = (start - 1 - c) mod R, valid when e <= start - 1 and j + 1 + e < window.
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ class PortableContext:
     lanes: int
     tokens: int
     context: int
+    ring: int | None         # rows of the sliding-window layers' ring buffers (None: they hold the context)
     new_kv: list             # (new_k, new_v) per layer, filled as layers are built
 
 
-def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, context: int) -> PortableContext:
+def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, context: int, ring: int | None = None) -> PortableContext:
     s = "/model/positions"
     seq = g.op("Cast", ["seqlens_k"], name=f"{s}/Cast", to=7)                                   # [L] int64
     start = g.op("Add", [seq, g.const(1 - tokens)], name=f"{s}/Start")                           # [L]
@@ -49,7 +54,10 @@ def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, context: int) 
     masks = {}
     for layer_type in sorted(set(spec.layer_types)):
         past, new = past_ok, new_ok
-        if layer_type == "sliding":
+        if layer_type == "sliding" and ring is not None:
+            past = _ring_past(g, spec, start3, tokens, ring, s)
+            new = g.const(((i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < spec.sliding_window))[None], np.bool_)
+        elif layer_type == "sliding":
             dist = g.op("Sub", [q_pos, key_c], name=f"{s}/sliding/Distance")                   # [L, S, C]
             in_window = g.op("Less", [dist, g.const(spec.sliding_window)], name=f"{s}/sliding/InWindow")
             past = g.op("And", [past_ok, in_window], name=f"{s}/sliding/PastValid")
@@ -59,7 +67,18 @@ def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, context: int) 
                                     name=f"{s}/{layer_type}/{tag}/Bias"), g.const([1, 2])],
                  name=f"{s}/{layer_type}/{tag}/Expand")
             for tag, m in (("past", past), ("new", new)))
-    return PortableContext(positions, masks, lanes, tokens, context, [])
+    return PortableContext(positions, masks, lanes, tokens, context, ring, [])
+
+
+def _ring_past(g: GraphBuilder, spec, start3: str, tokens: int, ring: int, s: str) -> str:
+    """bool [L, S, R]: ring row c (position start-1-e, e = (start-1-c) mod R) is visible to token j."""
+    before = g.op("Sub", [start3, g.const(1)], name=f"{s}/ring/LastPast")                          # [L, 1, 1]
+    back = g.op("Mod", [g.op("Sub", [before, g.const(np.arange(ring)[None, None, :])], name=f"{s}/ring/Back"),
+                        g.const(ring)], name=f"{s}/ring/BackMod")                                  # [L, 1, R]
+    written = g.op("LessOrEqual", [back, before], name=f"{s}/ring/Written")
+    reach = g.op("Add", [back, g.const(np.arange(1, tokens + 1)[None, :, None])], name=f"{s}/ring/Reach")  # [L, S, R]
+    in_window = g.op("Less", [reach, g.const(spec.sliding_window)], name=f"{s}/ring/InWindow")
+    return g.op("And", [written, in_window], name=f"{s}/ring/PastValid")
 
 
 def _rope(g: GraphBuilder, x: str, heads: int, head_dim: int, cos: str, sin: str, scope: str) -> str:
@@ -102,7 +121,8 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
     scores = g.op("Concat", [g.op("Add", [s_past, bias_past], name=f"{scope}/MaskPast"),
                              g.op("Add", [s_new, bias_new], name=f"{scope}/MaskNew")], name=f"{scope}/Scores", axis=-1)
     probs = g.op("Softmax", [scores], name=f"{scope}/Softmax", axis=-1)
-    p_past, p_new = g.op("Split", [probs, g.const([ctx.context, tokens])], name=f"{scope}/SplitProbs", n_out=2, axis=-1)
+    past_rows = ctx.ring if ctx.ring is not None and spec.layer_types[layer] == "sliding" else ctx.context
+    p_past, p_new = g.op("Split", [probs, g.const([past_rows, tokens])], name=f"{scope}/SplitProbs", n_out=2, axis=-1)
     out = g.op("Add", [g.op("MatMul", [p_past, past_v], name=f"{scope}/AttnPast"),
                        g.op("MatMul", [p_new, nv5], name=f"{scope}/AttnNew")], name=f"{scope}/AttnSum")  # [L, Nkv, g, S, D]
     out = g.op("Transpose", [out], name=f"{scope}/Outt", perm=[0, 3, 1, 2, 4])                        # [L, S, Nkv, g, D]

@@ -11,15 +11,21 @@ def add_parser(sub) -> None:
     p.add_argument("source", nargs="?", default=None, help="Hugging Face folder or .gguf file; omit for the embedded default model")
     p.add_argument("-o", "--output", required=True, help="output calbin folder (e.g. model.calbin)")
     p.add_argument("--lanes", type=int, default=8, help="decode batch lanes (KV slots)")
-    p.add_argument("--context", type=int, default=1024, help="context length per lane (KV buffer length)")
+    p.add_argument("--context", type=int, default=None,
+                   help="context length per lane (default: what the model was trained for, cut to fit --kv-memory)")
+    p.add_argument("--kv-memory", default="auto", metavar="SIZE|auto",
+                   help="KV budget for all lanes, e.g. 4GiB: picks the context when --context is not given and refuses "
+                        "a --context that does not fit; auto = available memory less the weights and a 2 GiB margin")
     p.add_argument("--prefill-chunks", default="16,128", help="comma-separated prefill chunk sizes")
     p.add_argument("--target", default="cpu",
                    help="cpu (ONNX Runtime contrib ops: fused attention with in-place KV, int8 kernels) or "
                         "portable (standard ONNX ops only, for NPU execution providers; --weights fp32, fp16 or int8)")
-    p.add_argument("--weights", default="default",
-                   help="weight policy: default (int8 projections/lm_head/embedding with int8 compute, fp32 norms), "
-                        "fp32, fp16 (half-precision weights and matmuls), int8 (weight-only), w8a8, int4 (weight-only), "
-                        "w4a8")
+    p.add_argument("--weights", default="auto",
+                   help="weight policy: auto (by this CPU's ISA: default with VNNI/AMX, w4a8 on AVX2 without VNNI, "
+                        "fp32 without AVX2; the reason goes into the manifest; CALCULET_CPU_FEATURES=avx2,fma,... "
+                        "simulates a CPU), default (int8 projections/lm_head/embedding with int8 compute, fp32 norms), "
+                        "fp32, fp16 (half-precision weights and matmuls), int8 (weight-only: a numerics reference, "
+                        "ONNX Runtime has no fast kernel for it), w8a8, int4 (weight-only), w4a8")
     p.add_argument("--block-size", type=int, default=32, help="quantization block size along K (16..256, power of two)")
     p.add_argument("--decode-lanes", default="1", help="extra decode batch sizes besides --lanes (comma-separated)")
     p.add_argument("--fuse", action="append", metavar="NAME", help="enable a fusion pass (default: all)")
@@ -39,7 +45,16 @@ def add_parser(sub) -> None:
     p.add_argument("--partition", default="", choices=["", "pp", "tp"],
                    help="how --chips splits the model: pp (contiguous layer ranges, the hidden state sent chip to "
                         "chip) or tp (attention heads and FFN columns split, partial outputs all-reduced)")
+    p.add_argument("--no-kv-ring", action="store_true",
+                   help="sliding-window layers keep a full-context KV buffer (fused attention) instead of a ring of "
+                        "window + largest prefill chunk rows (for A/B runs)")
     p.set_defaults(func=run)
+
+
+def parse_kv_memory(text: str) -> int | None:
+    from calculet.units import parse_size
+
+    return None if text.strip().lower() == "auto" else parse_size(text, what="--kv-memory", minimum=1)
 
 
 def run(args) -> int:
@@ -52,6 +67,7 @@ def run(args) -> int:
                              decode_lanes=parse_chunks(args.decode_lanes) if args.decode_lanes else (),
                              fusions=parse_fusions(args.fuse, args.no_fuse), expert_stats=args.expert_stats,
                              probes=args.probes, quant=parse_quant(args.quant, args.block_size),
+                             kv_rings=not args.no_kv_ring, kv_memory=parse_kv_memory(args.kv_memory),
                              chips=args.chips, partition=args.partition)
     compile_calbin(args.source, args.output, options)
     return 0

@@ -17,11 +17,15 @@ import numpy as np
 import onnx
 
 from calculet import __version__
-from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, GoldenInfo, KVLayout, Manifest, ModelInfo, Profile,
+from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, GoldenInfo, Manifest, ModelInfo, Profile,
                                       Quantization, SourceInfo, TensorFormat, Toolchain, WeightsInfo, WeightTensor,
                                       sha256_file, write_manifest)
 from calculet.compiler import decoder
 from calculet.compiler import graphs as G
+from calculet.calbin.isa import SLOW_8BIT, IsaInfo
+from calculet.compiler.isa_policy import resolve_weights, uses_slow_8bit
+from calculet.compiler.context_choice import resolve_context
+from calculet.compiler.kv_layout import kv_layout
 from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.options import CompileOptions
 from calculet.compiler.provenance import provenance
@@ -30,6 +34,7 @@ from calculet.compiler.quantize import policy_table, store_weights
 from calculet.compiler.tokenizer import tokenizer_info
 from calculet.compiler.weight_plan import check_stored, weight_plan
 from calculet.compiler.weights import WEIGHTS_FILE, WeightStore
+from calculet.cpu_features import detect
 from calculet.errors import ModelError
 from calculet.models import family_for
 from calculet.sources.base import SourceModel
@@ -75,6 +80,19 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     decoder.require_buildable(spec)
     if options.target == "cpu" and spec.head_dim % 16:
         raise ModelError("unsupported_head_dim", f"head_dim {spec.head_dim} is not a multiple of 16, which ONNX Runtime's CPU GroupQueryAttention needs")
+    cpu = detect()
+    options, choice = resolve_weights(options, cpu)   # `auto` becomes a named policy, chosen by this CPU's ISA
+    if choice.requested != choice.chosen:
+        log(f"--weights auto -> {choice.chosen}: {choice.reason} (CPU: {cpu.label})")
+    if options.target == "cpu" and uses_slow_8bit(options):
+        log(f"warning: this build uses {SLOW_8BIT}. It is a numerics reference (weight-only error without activation "
+            "quantization), not for serving: use --weights default (the same int8 weights, int8 compute)")
+    if options.chips > 1 and options.kv_rings and "sliding" in spec.layer_types:
+        # Partitioned graphs (pp stages, tp segments) keep full-context KV buffers: rings are one-chip only.
+        options = replace(options, kv_rings=False)
+        log(f"KV: --chips {options.chips} keeps full-context KV buffers for the sliding-window layers too "
+            "(KV rings are built for one chip only)")
+    options = resolve_context(spec, options, log)   # the trained context within the KV budget, unless asked
     profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
                       tuple(sorted(set(options.decode_lanes) | {options.lanes})))
     log(f"compiling {spec.model_type} ({spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}) "
@@ -84,7 +102,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     tmp.chmod(0o755)
     try:
-        _write_calbin(tmp, source, family, spec, profile, options, log, source_path)
+        _write_calbin(tmp, source, family, spec, profile, options, log, source_path, IsaInfo(cpu, choice))
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -96,7 +114,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
 
 
 def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Profile, options: CompileOptions, log,
-                  source_arg: str | None = None) -> None:
+                  source_arg: str | None = None, isa: IsaInfo | None = None) -> None:
     (folder / "graphs").mkdir()
     tok = tokenizer_info(source, spec)
     (folder / "tokenizer.json").write_text(source.tokenizer_json)
@@ -113,8 +131,14 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
             weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
 
     in_place = options.target == "cpu"  # standard ONNX cannot update an input in place
+    kv = kv_layout(spec, profile.lanes, profile.context, profile.prefill_chunks, in_place, options.kv_rings)
+    if kv.ring is not None:
+        log(f"KV: {len(kv.ring_layers)} sliding-window layers keep a ring of {kv.ring} rows, "
+            f"{spec.num_layers - len(kv.ring_layers)} the context of {profile.context}: "
+            f"{kv.bytes_per_lane / 2**20:.1f} MiB per lane")
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
-                                options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats)
+                                options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats,
+                                kv.layer_lengths)
     builds = None
     if options.chips > 1:  # per-chip graphs, written with their weights after the base manifest exists
         builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile, source, family)
@@ -125,8 +149,6 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
                 signatures[n] = gs = replace(gs, outputs=gs.outputs + G.probe_outputs(model))
             onnx.save_model(model, str(folder / gs.file))
 
-    kv = KVLayout("BNSH", "float32", spec.num_layers, profile.lanes, spec.num_kv_heads, profile.context, spec.head_dim,
-                  in_place)
     golden = _golden(folder, source, spec, tok, profile, options, log)
     weights_info = WeightsInfo(f"graphs/{WEIGHTS_FILE}", weights.nbytes,
                                "MatMul weights [in, out]; embeddings and lm_head [vocab, hidden]",
@@ -153,6 +175,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         files={},
         passes=tuple(sorted(options.fusions)),
         provenance=provenance(source.kind, source.path, source_arg, options, versions),
+        isa=isa,
     )
     if builds is not None:
         manifest = _write_chips(folder, manifest, builds, schedules, head_chip, weights, options)

@@ -8,8 +8,9 @@ batch sizes n1 < ... < B):
     head_<n>     lm_head (+ sampling head), n rows          hidden [n, H] -> logits [n, V], topk_values/ids [n, K]
 
 Bodies take seqlens_k int32 [lanes] (each lane's length after this step, minus one), total_seq_len
-int32 [] (the longest such length; in-place bodies only), and past_key.i / past_value.i float32 [lanes, Nkv, C, D] per
-layer, which they update in place (present_* outputs alias the past_* buffers). The lm_head lives in
+int32 [] (the longest such length; in-place bodies with full-context layers only), and past_key.i /
+past_value.i float32 [lanes, Nkv, C_i, D] per layer (C_i = the context, or a sliding-window layer's
+ring: compiler/kv_layout.py), which they update in place (present_* outputs alias the past_* buffers). The lm_head lives in
 its own small graphs so its (large) weights are prepared once per row count, not once per body.
 
     input_ids ─ embed ─ layer 0 ─ ... ─ layer n-1 ─ norm ─ (gather last_index) ─ hidden
@@ -25,7 +26,7 @@ import numpy as np
 from onnx import ModelProto
 
 from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, GraphSpec, TensorSpec, kv_names
-from calculet.compiler import attention_portable, decoder, layers
+from calculet.compiler import attention_portable, attention_ring, decoder, layers
 from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.weights import WeightStore
 from calculet.models.base import ModelSpec, lm_head_name
@@ -41,22 +42,25 @@ class Stage:
     last: bool
 
 
-def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, context: int,
+def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, lengths: tuple[int, ...],
                     in_place: bool = True, expert_stats: bool = False, stage: Stage | None = None) -> GraphSpec:
+    """`lengths`: rows of each layer's KV buffer, for every layer of the model (compiler/kv_layout.py:
+    the context, or a ring); a pipeline `stage` takes only its own layers' buffers."""
     stage = stage or Stage(tuple(range(spec.num_layers)), True, True)
-    kv_shape = (lanes, spec.num_kv_heads, context, spec.head_dim)
+    context = max(lengths)
     inputs = [
         TensorSpec("input_ids", (lanes, tokens), "int64") if stage.first
         else TensorSpec("hidden_in", (lanes, tokens, spec.hidden_size), "float32"),
         TensorSpec("seqlens_k", (lanes,), "int32"),
     ]
-    if in_place:  # GroupQueryAttention reads it; a portable body has no use for it (see GraphBuilder.build)
+    if in_place and context in lengths:  # GroupQueryAttention (full-context buffers) reads it; nothing else does
         inputs.append(TensorSpec("total_seq_len", (), "int32"))
     if kind == PREFILL and stage.last:
         inputs.append(TensorSpec("last_index", (1,), "int64"))
     outputs = [TensorSpec("hidden", (lanes, spec.hidden_size), "float32") if stage.last
                else TensorSpec("hidden_out", (lanes, tokens, spec.hidden_size), "float32")]
     for i in stage.layers:
+        kv_shape = (lanes, spec.num_kv_heads, lengths[i], spec.head_dim)
         pk, pv, nk, nv = kv_names(i)
         inputs += [TensorSpec(pk, kv_shape, "float32"), TensorSpec(pv, kv_shape, "float32")]
         if in_place:
@@ -69,9 +73,12 @@ def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: i
     return GraphSpec(name, kind, lanes, tokens, tuple(inputs), tuple(outputs))
 
 
-def stage_signature(spec: ModelSpec, logical: GraphSpec, context: int, stage: Stage) -> GraphSpec:
-    """A pipeline stage's version of the logical body graph `logical` (same name, kind and shape)."""
-    return _body_signature(spec, logical.name, logical.type, logical.lanes, logical.tokens, context, True, False, stage)
+def stage_signature(spec: ModelSpec, logical: GraphSpec, lengths: tuple[int, ...], stage: Stage) -> GraphSpec:
+    """A pipeline stage's version of the logical body graph `logical` (same name, kind and shape).
+    Stages hold full-context KV buffers only (compile turns KV rings off for --chips > 1)."""
+    if len(set(lengths)) != 1:
+        raise ValueError(f"pipeline stages need full-context KV buffers for every layer, got lengths {sorted(set(lengths))}")
+    return _body_signature(spec, logical.name, logical.type, logical.lanes, logical.tokens, lengths, True, False, stage)
 
 
 def _head_signature(spec: ModelSpec, rows: int, topk: int) -> GraphSpec:
@@ -84,11 +91,13 @@ def _head_signature(spec: ModelSpec, rows: int, topk: int) -> GraphSpec:
 
 def entry_points(spec: ModelSpec, lanes: int, context: int, prefill_chunks: tuple[int, ...],
                  decode_lanes: tuple[int, ...] = (), topk: int = 0, in_place: bool = True,
-                 expert_stats: bool = False) -> list[GraphSpec]:
+                 expert_stats: bool = False, kv_lengths: tuple[int, ...] | None = None) -> list[GraphSpec]:
+    """`kv_lengths`: each layer's KV buffer rows (the KV layout's); None: the context for every layer."""
+    lengths = tuple(kv_lengths) if kv_lengths is not None else (context,) * spec.num_layers
     decode_sizes = sorted(set(decode_lanes) | {lanes})
-    graphs = [_body_signature(spec, f"prefill_{s}", PREFILL, 1, s, context, in_place, expert_stats)
+    graphs = [_body_signature(spec, f"prefill_{s}", PREFILL, 1, s, lengths, in_place, expert_stats)
               for s in sorted(prefill_chunks)]
-    graphs += [_body_signature(spec, f"decode_{n}", DECODE, n, 1, context, in_place, expert_stats) for n in decode_sizes]
+    graphs += [_body_signature(spec, f"decode_{n}", DECODE, n, 1, lengths, in_place, expert_stats) for n in decode_sizes]
     graphs += [_head_signature(spec, n, topk) for n in sorted(set(decode_sizes) | {1})]
     return graphs
 
@@ -141,15 +150,22 @@ def probe_outputs(model: ModelProto) -> tuple[TensorSpec, ...]:
 
 
 def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: dict, stage: Stage) -> dict:
-    portable = None
+    lengths = {i: gs.input(kv_names(i)[0]).shape[2] for i in stage.layers}
+    context = max(lengths.values(), default=0)
+    ring_layers = frozenset(i for i, n in lengths.items() if n != context)
+    ring = min((lengths[i] for i in ring_layers), default=None)
+    portable = ring_ctx = None
     if g.target == "portable":
-        context = next(t.shape[2] for t in gs.inputs if t.name == "past_key.0")
-        portable = attention_portable.build_context(g, spec, gs.lanes, gs.tokens, context)
+        portable = attention_portable.build_context(g, spec, gs.lanes, gs.tokens, context, ring)
+    elif ring is not None:
+        ring_ctx = attention_ring.build_context(g, spec, gs.lanes, gs.tokens, ring, gs.type == PREFILL)
     ctx = layers.AttentionInputs(
         seqlens_k="seqlens_k",
         total_seq_len="total_seq_len",
         rope={k: (g.weight(c), g.weight(s)) for k, (c, s) in rope_tables.items()},
         portable=portable,
+        ring=ring_ctx,
+        ring_layers=ring_layers,
         rows=gs.lanes * gs.tokens,
         expert_masks=[] if any(t.name == "expert_mask" for t in gs.outputs) else None,
     )

@@ -181,6 +181,8 @@ class AttentionInputs:
     total_seq_len: str      # int32 scalar: the longest lane's total length
     rope: dict              # layer type ("full"/"sliding") -> (cos name, sin name), each [C, D/2]
     portable: object = None  # attention_portable.PortableContext on the portable target
+    ring: object = None      # attention_ring.RingContext when sliding-window layers keep a KV ring (cpu target)
+    ring_layers: frozenset = frozenset()  # layers whose KV buffer is that ring
     rows: int = 0            # tokens this graph carries (L * S); the MoE block picks its formulation by it
     expert_masks: list | None = None  # --expert-stats: each sparse layer's routing mask [N, E] is appended here
 
@@ -204,7 +206,8 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, ctx: At
 
     q [L, S, N*D], k/v [L, S, Nkv*D]; past/present K/V [L, Nkv, C, D] are bound to the same buffer
     by the runtime, so the op writes this step's K/V at each lane's position and copies nothing else.
-    Sliding layers pass local_window_size = window: token i sees keys j with i - j < window.
+    Sliding layers pass local_window_size = window: token i sees keys j with i - j < window; those
+    compiled with a ring buffer run attention_ring instead.
     """
     past_k, past_v, present_k, present_v = kv_names(layer)
     layer_type = spec.layer_types[layer]
@@ -212,6 +215,9 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, ctx: At
     if ctx.portable is not None:
         from calculet.compiler import attention_portable
         return attention_portable.attention(g, spec, layer, q, k, v, (cos, sin), ctx.portable, scope)
+    if layer in ctx.ring_layers:  # GroupQueryAttention cannot wrap around a ring
+        from calculet.compiler import attention_ring
+        return attention_ring.attention(g, spec, layer, q, k, v, (cos, sin), ctx.ring, scope)
     window = spec.sliding_window if layer_type == "sliding" else -1
     out = g.op(
         "GroupQueryAttention",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from calculet.calbin.graphspec import PREFILL, GraphSpec
 from calculet.calbin.manifest import KVLayout
-from calculet.calbin.memory_plan import KVBuffers, MemoryPlan, Staging
+from calculet.calbin.memory_plan import KVBuffers, KVGroup, MemoryPlan, Staging
 from calculet.compiler.workspace import workspace_bytes
 from calculet.models.base import ModelSpec
 
@@ -20,8 +20,19 @@ def bindings_for(graph: GraphSpec, kv: KVLayout) -> int:
     return kv.lanes if graph.type == PREFILL else 1
 
 
+def kv_buffers_of(kv: KVLayout) -> KVBuffers:
+    """The KV layout's buffers grouped by length (longest first), as runtime/lanes.py allocates them."""
+    groups = []
+    for length in sorted(set(kv.layer_lengths), reverse=True):
+        layers = tuple(i for i, n in enumerate(kv.layer_lengths) if n == length)
+        shape = kv.layer_shape(layers[0])
+        buffer_bytes = kv.lanes * length * kv.bytes_per_position
+        groups.append(KVGroup(layers, shape, 2 * len(layers), buffer_bytes, 2 * len(layers) * buffer_bytes))
+    return KVBuffers(kv.dtype, tuple(groups), kv.bytes_per_lane, sum(g.total_bytes for g in groups))
+
+
 def build_memory_plan(spec: ModelSpec, kv: KVLayout, weights_bytes: int, graphs: list[GraphSpec]) -> MemoryPlan:
-    kv_buffers = KVBuffers(kv.dtype, kv.shape, 2 * kv.num_layers, kv.bytes_per_buffer, kv.total_bytes)
+    kv_buffers = kv_buffers_of(kv)
     staging = tuple(Staging(g.name, bindings_for(g, kv), g.staging_bytes(), bindings_for(g, kv) * g.staging_bytes())
                     for g in graphs)
     workspace = max(workspace_bytes(spec, g.lanes, g.tokens, kv.context) for g in graphs)

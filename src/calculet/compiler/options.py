@@ -26,10 +26,10 @@ MAX_CHIPS = 8
 @dataclass(frozen=True)
 class CompileOptions:
     lanes: int = 8
-    context: int = 1024
+    context: int | None = None   # None: what the model was trained for, within the KV budget (compiler/context_choice.py)
     prefill_chunks: tuple[int, ...] = (16, 128)
     target: str = "cpu"
-    weights: str = "default"
+    weights: str = "auto"        # a WEIGHT_POLICIES name, or auto: chosen by the CPU's ISA at compile (isa_policy.py)
     block_size: int = 32
     golden: bool = True          # write golden/ when the reference extra is installed
     golden_tokens: int = 32
@@ -40,6 +40,8 @@ class CompileOptions:
     quant: tuple = ()            # per-module overrides of the policy (compiler/quant_spec.Override, from --quant)
     chips: int = 1               # --chips N: split the model over N chips (needs a partition)
     partition: str = ""          # --partition pp|tp (calbin/partition.py); "" on one chip
+    kv_memory: int | None = None # KV budget in bytes for choosing (or checking) the context; None: auto
+    kv_rings: bool = True        # sliding-window layers keep a ring of window + largest chunk rows (compiler/kv_layout.py)
 
     def cache_key(self) -> str:
         """Stable across processes (a frozenset's repr order is not)."""
@@ -48,6 +50,10 @@ class CompileOptions:
 
         fields = asdict(self)
         fields["fusions"] = sorted(self.fusions)
+        if self.weights == "auto":  # the choice depends on the CPU: a cache shared by two CPUs keeps both
+            from calculet.cpu_features import detect
+
+            fields["cpu_features"] = list(detect().flags)
         return json.dumps(fields, sort_keys=True, default=list)
 
     @property
@@ -57,21 +63,24 @@ class CompileOptions:
     def __post_init__(self):
         if not 1 <= self.lanes <= 256:
             raise RequestError("bad_option", f"--lanes must be in 1..256, got {self.lanes}")
-        if not 16 <= self.context <= 131072:
+        if self.context is not None and not 16 <= self.context <= 131072:
             raise RequestError("bad_option", f"--context must be in 16..131072, got {self.context}")
+        if self.kv_memory is not None and self.kv_memory < 1:
+            raise RequestError("bad_option", f"--kv-memory must be > 0 bytes, got {self.kv_memory}")
         if not self.prefill_chunks:
             raise RequestError("bad_option", "--prefill-chunks needs at least one size, e.g. 16,128")
         for s in self.prefill_chunks:
-            if not 1 <= s <= self.context:
-                raise RequestError("bad_option", f"--prefill-chunks: {s} must be in 1..context ({self.context})")
+            if not 1 <= s <= (self.context or 131072):
+                raise RequestError("bad_option", f"--prefill-chunks: {s} must be in 1..context ({self.context or 131072})")
         if len(set(self.prefill_chunks)) != len(self.prefill_chunks):
             raise RequestError("bad_option", f"--prefill-chunks has duplicates: {self.prefill_chunks}")
         if self.target not in TARGETS:
             raise RequestError("bad_option", f"--target {self.target!r} is not supported; supported: {', '.join(TARGETS)}")
-        if self.weights not in WEIGHT_POLICIES:
-            raise RequestError("bad_option", f"--weights {self.weights!r} is not supported; supported: {', '.join(WEIGHT_POLICIES)}")
-        policy_table(self.weights, self.block_size)  # validates the block size
-        if self.target == "portable" and self.weights not in PORTABLE_POLICIES:
+        if self.weights not in WEIGHT_POLICIES + ("auto",):
+            raise RequestError("bad_option", f"--weights {self.weights!r} is not supported; supported: auto, "
+                               f"{', '.join(WEIGHT_POLICIES)}")
+        policy_table("default" if self.weights == "auto" else self.weights, self.block_size)  # validates the block size
+        if self.target == "portable" and self.weights not in PORTABLE_POLICIES + ("auto",):
             raise RequestError("bad_option", f"--target portable supports --weights {' or '.join(PORTABLE_POLICIES)} "
                                f"(standard ONNX: fp32, fp16, or int8 via DequantizeLinear); got {self.weights!r}")
         for n in self.decode_lanes:

@@ -154,11 +154,12 @@ def build_pp(spec: ModelSpec, logical: list[GraphSpec], weights: WeightStore, ro
                 sig = gs
                 model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions)
             else:
-                sig = G.stage_signature(spec, gs, context, stage)
+                sig = G.stage_signature(spec, gs, (context,) * spec.num_layers, stage)
                 model = G.build_graph(spec, sig, weights, rope, options.target, options.fusions, stage=stage)
             sigs.append(sig)
             models.append(model)
-        kv = KVLayout("BNSH", "float32", len(layers), lanes, spec.num_kv_heads, context, spec.head_dim, True)
+        kv = KVLayout("BNSH", "float32", len(layers), lanes, spec.num_kv_heads, context, spec.head_dim, True,
+                      (context,) * len(layers))   # full-context buffers: no KV rings on chips
         builds.append(ChipBuild(c, sigs, models, kv, dict(layers=layers, heads=(0, spec.num_heads),
                                                           kv_heads=(0, spec.num_kv_heads),
                                                           ffn=(0, spec.intermediate_size),

@@ -136,7 +136,8 @@ def build_tp(spec: ModelSpec, logical: list[GraphSpec], _weights, _rope, options
             for sig, model in _segments(nspec, spec, gs, store, rope, options, context, c):
                 sigs.append(sig)
                 models.append(model)
-        kv_layout = KVLayout("BNSH", "float32", spec.num_layers, lanes, nspec.num_kv_heads, context, spec.head_dim, True)
+        kv_layout = KVLayout("BNSH", "float32", spec.num_layers, lanes, nspec.num_kv_heads, context, spec.head_dim, True,
+                             (context,) * spec.num_layers)   # full-context buffers: no KV rings on chips
         builds.append(ChipBuild(c, sigs, models, kv_layout,
                                 dict(layers=tuple(range(spec.num_layers)), heads=heads, kv_heads=kv, ffn=ffn,
                                      embedding=c == 0, head=c == 0), store))

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from calculet.compiler.isa_policy import concrete_policy   # `auto`: the policy compile picks on this CPU
 from calculet.compiler.quantize import COARSE_BLOCKS, FP32, QuantFormat, policy_table
 from calculet.compiler.weights import ALIGN
 from calculet.errors import RequestError
@@ -118,7 +119,8 @@ class WeightOptions(Protocol):
 def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
     """`options.quant` (CompileOptions' --quant overrides, when it has them) apply as in store_weights."""
     overrides = tuple(getattr(options, "quant", ()))
-    table = policy_table(options.weights, options.block_size)
+    weights = concrete_policy(options.weights, getattr(options, "target", "cpu"))
+    table = policy_table(weights, options.block_size)
     table = {**table, **{o.module: o.fmt for o in overrides if o.layers is None}}
     tensors = [*_parameters(spec, table, options.fusions, overrides)]
     if "coarse-head" in options.fusions:
@@ -128,7 +130,7 @@ def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
         if t.fmt.kind in ("int8", "int4") and t.shape[1] % t.fmt.block:
             raise RequestError("bad_option", f"K={t.shape[1]} is not a multiple of the block size {t.fmt.block}; "
                                f"choose a --block-size that divides it")
-    return WeightPlan(options.weights, tuple(tensors))
+    return WeightPlan(weights, tuple(tensors))
 
 
 def _parameters(spec: ModelSpec, table: dict[str, QuantFormat], fusions: frozenset[str], overrides: tuple = ()):

@@ -61,7 +61,7 @@ def _run(args: argparse.Namespace) -> int:
     from calculet.planner.plan import PlanRequest, plan_capacity
     from calculet.planner.render import render_text
     from calculet.planner.source import load_model
-    from calculet.planner.units import parse_size
+    from calculet.units import parse_size
 
     if args.device_memory is None:
         raise RequestError("bad_argument", "--device-memory is required, e.g. --device-memory 32GiB")

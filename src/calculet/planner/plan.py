@@ -5,7 +5,9 @@
 Per chip it adds up
     weights    = every tensor compile would store with these options (compiler/weight_plan.py:
                  the compiler's policy table and byte formula), split over chips (params.py)
-  + KV cache   = layers × kv_heads_per_chip × 2 × head_dim × context × lanes × bytes per element
+  + KV cache   = (full layers × context + ring layers × ring) × kv_heads_per_chip × 2 × head_dim × lanes
+                 × bytes per element; sliding-window layers keep a ring of window + prefill chunk rows
+                 when that is shorter than the context (compiler/kv_layout.py, compile's rule)
   + workspace  = the larger of one decode step (all lanes) and one prefill chunk (one lane),
                  compiler/workspace.py (the formula the memory plan uses)
   + step I/O   = inputs and outputs (logits) of one decode step and one prefill chunk
@@ -21,6 +23,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from calculet.compiler.kv_layout import layer_lengths, ring_length
 from calculet.compiler.options import FUSIONS
 from calculet.compiler.quantize import policy_table
 from calculet.compiler.weight_plan import weight_plan
@@ -29,7 +32,7 @@ from calculet.errors import RequestError
 from calculet.models.base import ModelSpec
 from calculet.planner.params import ParamSummary, Sharding, shard, summarize_params
 from calculet.planner.source import PlannedModel
-from calculet.planner.units import MAX_DEVICE_BYTES, MIN_DEVICE_BYTES, human_bytes
+from calculet.units import MAX_DEVICE_BYTES, MIN_DEVICE_BYTES, human_bytes
 
 COMPILED_DTYPE = "fp32"   # compile's KV cache, activations and logits
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
@@ -96,7 +99,10 @@ class KvPlan:
     head_dim: int
     context: int
     lanes: int
-    bytes_per_token_per_chip: int     # one position of one lane, all layers, this chip
+    ring: int | None                  # rows of the sliding-window layers' rings (None: every layer holds the context)
+    ring_layers: int                  # layers that keep the ring
+    bytes_per_lane_per_chip: int      # (full layers × context + ring layers × ring) × kv heads × 2 × head_dim × bytes
+    bytes_per_token_per_chip: int     # one more context position of one lane (the full-context layers), this chip
     bytes_total: int                  # the whole cache, each KV head counted once
     bytes_per_chip: int               # includes replicated KV heads
 
@@ -158,10 +164,13 @@ class PlanReport:
         return json.dumps(asdict(self), indent=2, default=sorted)  # fusions: a sorted list
 
 
-def kv_cache_bytes(hp: ModelSpec, lanes: int, context: int, kv_dtype: str, kv_heads: int) -> int:
-    """layers × kv_heads × 2 (K and V) × head_dim × context × lanes × bytes per element."""
-    return (hp.num_layers * kv_heads * 2 * hp.head_dim * context * lanes
-            * KV_DTYPES[kv_dtype])
+def kv_cache_bytes(hp: ModelSpec, lanes: int, context: int, kv_dtype: str, kv_heads: int,
+                   prefill_chunk: int | None = None) -> int:
+    """Σ over layers of its buffer rows × kv_heads × 2 (K and V) × head_dim × lanes × bytes per element.
+    A layer's rows are the context, or with `prefill_chunk` given a sliding-window layer's ring of
+    window + prefill_chunk when that is shorter (compile's rule)."""
+    lengths = layer_lengths(hp, context, (prefill_chunk,)) if prefill_chunk else (context,) * hp.num_layers
+    return sum(lengths) * kv_heads * 2 * hp.head_dim * lanes * KV_DTYPES[kv_dtype]
 
 
 def step_io(hp: ModelSpec, tokens: int, lanes: int, logit_rows: int, logits_dtype: str) -> StepIO:
@@ -185,12 +194,16 @@ def plan_capacity(model: PlannedModel, request: PlanRequest, source: str = "") -
     usable = r.device_memory_bytes - guard
     budget_for = _budget_function(hp, sh, r, params.bytes_per_chip - rope, rope // r.context)
 
-    kv_total = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, hp.num_kv_heads)
-    kv_chip = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, sh.kv_heads_per_chip)
-    kv = KvPlan(r.kv_dtype, hp.num_layers, hp.num_kv_heads, sh.kv_heads_per_chip,
-                hp.head_dim, r.context, r.lanes,
-                kv_cache_bytes(hp, 1, 1, r.kv_dtype, sh.kv_heads_per_chip), kv_total, kv_chip)
     chunk = min(r.prefill_chunk, r.context)
+    kv_total = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, hp.num_kv_heads, chunk)
+    kv_chip = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, sh.kv_heads_per_chip, chunk)
+    ring = ring_length(hp, r.context, (chunk,))
+    ring_layers = hp.layer_types.count("sliding") if ring is not None else 0
+    per_position = sh.kv_heads_per_chip * 2 * hp.head_dim * KV_DTYPES[r.kv_dtype]
+    kv = KvPlan(r.kv_dtype, hp.num_layers, hp.num_kv_heads, sh.kv_heads_per_chip,
+                hp.head_dim, r.context, r.lanes, ring, ring_layers,
+                kv_cache_bytes(hp, 1, r.context, r.kv_dtype, sh.kv_heads_per_chip, chunk),
+                (hp.num_layers - ring_layers) * per_position, kv_total, kv_chip)
     decode = step_io(hp, r.lanes, r.lanes, r.lanes, r.logits_dtype)
     prefill = step_io(hp, chunk, 1, 1, r.logits_dtype)
     ws_decode = workspace_bytes(hp, sh, r.lanes, 1, r.context, r.activation_dtype)
@@ -229,7 +242,7 @@ def _budget_function(hp: ModelSpec, sh: Sharding, r: PlanRequest, weights: int,
         work = max(workspace_bytes(hp, sh, lanes, 1, context, r.activation_dtype),
                    workspace_bytes(hp, sh, 1, chunk, context, r.activation_dtype))
         return (weights + rope_per_position * context
-                + kv_cache_bytes(hp, lanes, context, r.kv_dtype, sh.kv_heads_per_chip)
+                + kv_cache_bytes(hp, lanes, context, r.kv_dtype, sh.kv_heads_per_chip, chunk)
                 + work + decode.inputs_bytes + decode.outputs_bytes
                 + prefill.inputs_bytes + prefill.outputs_bytes)
     return required
@@ -270,8 +283,10 @@ def _assumptions(hp: ModelSpec, sh: Sharding, r: PlanRequest, chunk: int) -> tup
             notes.append(f"{what} {dtype}: a planning assumption for accelerators; compile writes "
                          f"{COMPILED_DTYPE} {what}")
     notes += [
-        f"KV cache: static {r.kv_dtype} buffer of the full context for every layer and lane, "
-        "updated in place" + (" (sliding-window layers are not trimmed)" if hp.sliding_window else ""),
+        f"KV cache: static {r.kv_dtype} buffers updated in place, the full context for every "
+        "full-attention layer and lane" + (f"; sliding-window layers a ring of window {hp.sliding_window} + "
+                                           f"prefill chunk {chunk} rows when shorter than the context"
+                                           if hp.sliding_window else ""),
         f"workspace: one layer's intermediates live at once, attention scores [heads, tokens, "
         f"context] in fp32 (unfused attention, an upper bound); the larger of one decode step over "
         f"{r.lanes} lane(s) and one prefill chunk of {chunk} tokens (compiler/workspace.py)",

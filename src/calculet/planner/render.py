@@ -6,7 +6,7 @@ Every size is printed as exact bytes plus a binary human form: `2,013,265,920 B 
 from __future__ import annotations
 
 from calculet.planner.plan import KV_DTYPES, PlanReport
-from calculet.planner.units import show_bytes
+from calculet.units import show_bytes
 
 
 def _count(n: int) -> str:
@@ -40,9 +40,11 @@ def render_text(rep: PlanReport) -> str:
         lines.append(f"      graphs/weights.bin as compile writes it (64-byte aligned): "
                      f"{show_bytes(p.weights_file_bytes)}")
     lines.append(f"  {'KV cache':<42}{'':>16}   {show_bytes(b.kv_bytes)}")
-    lines.append(f"      = {kv.layers} layers × {kv.kv_heads_per_chip} KV head(s) × 2 × {kv.head_dim} × "
-                 f"{kv.context:,} context × {kv.lanes:,} lanes × {KV_DTYPES[kv.dtype]} B ({kv.dtype})"
-                 f"; whole cache, each KV head once: {show_bytes(kv.bytes_total)}")
+    rows = (f"({kv.layers - kv.ring_layers} layers × {kv.context:,} context + {kv.ring_layers} sliding-window "
+            f"layers × {kv.ring:,} ring)" if kv.ring else f"{kv.layers} layers × {kv.context:,} context")
+    lines.append(f"      = {rows} × {kv.kv_heads_per_chip} KV head(s) × 2 × {kv.head_dim} × "
+                 f"{kv.lanes:,} lanes × {KV_DTYPES[kv.dtype]} B ({kv.dtype}) = {show_bytes(kv.bytes_per_lane_per_chip)} "
+                 f"per lane; whole cache, each KV head once: {show_bytes(kv.bytes_total)}")
     lines.append(f"  {'workspace':<42}{'':>16}   {show_bytes(b.workspace_bytes)}")
     lines.append(f"      decode step {show_bytes(rep.workspace.decode_bytes)}, prefill chunk "
                  f"{show_bytes(rep.workspace.prefill_bytes)}")

@@ -159,7 +159,7 @@ class Device:
         with self._commit:
             self._epoch += 1
             old.kept = (self.program.sessions, getattr(self.program, "_values", None), self._bindings, self._heads,
-                        self.lanes.all_keys, self.lanes.all_values, self.program.renew_kv())
+                        self.lanes.buffers, self.program.renew_kv())
             self._fenced.append(old)
             self.fences += 1
             self.healthy = False

@@ -1,8 +1,9 @@
 """KV lanes: the static KV buffers and which batch rows (lanes) are in use.
 
-Per layer a K and a V buffer of shape [lanes, kv_heads, context, head_dim] (float32) live for the
-whole life of the device; graphs read and write them in place. A lane is one batch row of the
-decode graph and owns `length` positions of those buffers.
+Per layer a K and a V buffer of shape [lanes, kv_heads, length, head_dim] (float32) live for the
+whole life of the device; graphs read and write them in place. length is the context, or for a
+sliding-window layer compiled with a ring the ring length (position p lives in row p mod ring).
+A lane is one batch row of the decode graph and owns `length` positions of those buffers.
 """
 
 from __future__ import annotations
@@ -25,12 +26,29 @@ class Lanes:
         self._lock = threading.Lock()
 
     def renew_buffers(self) -> None:
-        """Fresh, zeroed KV buffers (after a fence: a stuck graph may still write into the old ones)."""
+        """Fresh, zeroed KV buffers (after a fence: a stuck graph may still write into the old ones).
+        One K and one V array per buffer length, [layers of that length, B, Nkv, length, D]; `keys[i]`
+        and `values[i]` are layer i's views [B, Nkv, length, D] for the graphs."""
         kv = self.layout
-        self.all_keys = np.zeros((kv.num_layers, *kv.shape), np.float32)
-        self.all_values = np.zeros((kv.num_layers, *kv.shape), np.float32)
-        self.keys = list(self.all_keys)
-        self.values = list(self.all_values)
+        self.groups: list[tuple[tuple[int, ...], np.ndarray, np.ndarray]] = []
+        self.keys: list[np.ndarray] = [None] * kv.num_layers
+        self.values: list[np.ndarray] = [None] * kv.num_layers
+        for length in sorted(set(kv.layer_lengths), reverse=True):
+            layers = tuple(i for i, n in enumerate(kv.layer_lengths) if n == length)
+            shape = (len(layers), *kv.layer_shape(layers[0]))
+            keys, values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            self.groups.append((layers, keys, values))
+            for j, layer in enumerate(layers):
+                self.keys[layer], self.values[layer] = keys[j], values[j]
+
+    @property
+    def buffers(self) -> tuple[np.ndarray, ...]:
+        """Every KV array the lanes own (to keep a fenced worker's buffers alive)."""
+        return tuple(a for _, k, v in self.groups for a in (k, v))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.buffers)
 
     @property
     def count(self) -> int:
@@ -65,8 +83,18 @@ class Lanes:
         with self._lock:
             self._check(lane)
             self._length[lane] = 0
-        self.all_keys[:, lane].fill(0.0)
-        self.all_values[:, lane].fill(0.0)
+        for array in self.buffers:
+            array[:, lane].fill(0.0)
+
+    def rewind(self, lane: int, length: int) -> None:
+        """Keep only the lane's first `length` tokens; the next job continues at that position. Its KV
+        there is still valid only within `Program.max_rewind` positions of the lane's end."""
+        with self._lock:
+            self._check(lane)
+            if not 0 <= length <= self._length[lane]:
+                raise RequestError("bad_rewind", f"lane {lane} holds {self._length[lane]} tokens; it can be cut back "
+                                   f"to 0..{self._length[lane]}, got {length}")
+            self._length[lane] = length
 
     def length(self, lane: int) -> int:
         return self._length[lane]
@@ -80,10 +108,15 @@ class Lanes:
     def write_new(self, rows: list[int], starts: list[int], counts: list[int], new_keys: np.ndarray,
                   new_values: np.ndarray) -> None:
         """Store a step's K/V ([layers, rows, Nkv, S, D], from a graph that cannot write in place):
-        row r's first counts[r] tokens go to positions starts[r].. of lane rows[r], all layers at once."""
-        for r, (lane, start, n) in enumerate(zip(rows, starts, counts)):
-            self.all_keys[:, lane, :, start:start + n] = new_keys[:, r, :, :n]
-            self.all_values[:, lane, :, start:start + n] = new_values[:, r, :, :n]
+        row r's first counts[r] tokens are positions starts[r].. of lane rows[r], all layers at once
+        (a ring layer's position p goes to row p mod ring)."""
+        for layers, keys, values in self.groups:
+            length, which = keys.shape[3], np.array(layers)
+            ring = length != self.layout.context
+            for r, (lane, start, n) in enumerate(zip(rows, starts, counts)):
+                slots = np.arange(start, start + n) % length if ring else slice(start, start + n)
+                keys[:, lane][:, :, slots] = new_keys[:, r, :, :n][which]      # [layers, Nkv, n, D]
+                values[:, lane][:, :, slots] = new_values[:, r, :, :n][which]
 
     def advance(self, lane: int, n: int) -> None:
         self._length[lane] += n

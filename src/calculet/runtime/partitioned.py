@@ -85,7 +85,7 @@ class PartitionedProgram(Program):
 
     def make_lanes(self) -> Lanes:
         """Bookkeeping only: lanes and lengths; the KV lives on the chips."""
-        return Lanes(replace(self.manifest.kv, num_layers=0))
+        return Lanes(replace(self.manifest.kv, num_layers=0, layer_lengths=()))
 
     def head_binding(self, rows: int) -> HeadBinding:
         graph = self.head_graphs[rows]

@@ -11,6 +11,7 @@ not, and read the shared mapping directly (about 1.2x slower per chunk, no extra
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, GraphSpec
+from calculet.calbin.isa import load_warnings
 from calculet.calbin.manifest import Manifest, read_manifest, verify_files
+from calculet.cpu_features import detect
 from calculet.errors import DeviceError, ModelError
 from calculet.runtime.heap import trim_heap
 from calculet.runtime.providers import PROVIDERS, check_active, choose_provider
@@ -48,6 +51,10 @@ class Program:
         self.path = Path(path)
         self.manifest: Manifest = read_manifest(self.path)
         verify_files(self.manifest, self.path, full_hash=full_hash)
+        # The compile-time ISA choice against this CPU (calbin/isa.py): logged, never fatal.
+        self.isa_warnings = load_warnings(self.manifest, detect())
+        for warning in self.isa_warnings:
+            logging.getLogger("calculet.runtime").warning("%s: %s", self.path.name, warning)
         self.graphs = list(self.manifest.graphs)
         self.sessions: dict[str, object] = {}
         self._weights = None
@@ -81,6 +88,20 @@ class Program:
     def quantized(self) -> bool:
         """Quantized MatMulNBits kernels only run fast on prepacked weights, so every session prepacks."""
         return self.manifest.quantized
+
+    @property
+    def max_rewind(self) -> int | None:
+        """How many positions back from a lane's current end its KV can still be reused: a lane holding
+        n tokens may be cut back to any length k >= n - max_rewind and continue from there (a prefix
+        cache reusing the lane's first k tokens). None: unlimited (every buffer holds the whole context).
+
+        A sliding-window ring of R rows holds the last R positions, less one row that a decode step in
+        which the lane takes no part writes (at the lane's next position, which it later overwrites).
+        Continuing from k needs positions k - window + 1 .. k - 1, so k >= n - (R - window)."""
+        ring = self.manifest.kv.ring
+        if ring is None:
+            return None
+        return ring - int(self.manifest.spec.sliding_window)
 
     @property
     def vocab_size(self) -> int:

@@ -8,6 +8,12 @@ from calculet.server.config import ServerConfig  # its field defaults are the fl
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a calbin (or a source, compiled into the cache once) over an OpenAI-compatible API")
+    add_server_arguments(p)
+    p.set_defaults(func=serve)
+
+
+def add_server_arguments(p) -> None:
+    """The flags that build a ServerConfig (shared with `calculet ray serve`, whose replicas each run one)."""
     p.add_argument("model", nargs="*", default=[], metavar="[NAME=]CALBIN|SOURCE",
                    help="calbins, HF folders or .gguf files to serve, each as NAME=PATH or PATH (its name is then "
                         "derived from the path); omit for the embedded default model")
@@ -49,12 +55,11 @@ def add_parser(sub) -> None:
     from calculet.runtime.providers import add_provider_arguments
 
     add_provider_arguments(p)
-    p.set_defaults(func=serve)
 
 
-def serve(args) -> int:
+def server_config(args) -> ServerConfig:
+    """The ServerConfig of flags added by add_server_arguments (models from the arguments or --models)."""
     from calculet.runtime.providers import parse_provider_options
-    from calculet.server.runner import run_server
 
     from calculet.server.model_spec import ModelSpec, from_argument, read_models_toml
     from calculet.server.placement import parse_bytes
@@ -84,4 +89,10 @@ def serve(args) -> int:
     if specs:
         from dataclasses import replace
         config = replace(config, model=None, models=specs)
-    return run_server(config)
+    return config
+
+
+def serve(args) -> int:
+    from calculet.server.runner import run_server
+
+    return run_server(server_config(args))

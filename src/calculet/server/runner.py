@@ -45,7 +45,10 @@ def run_server(config) -> int:
 
     app = create_app(config, host, metrics)
     app.router.lifespan_context = lifespan
+    # loop and parser pinned: uvicorn's "auto" picks uvloop/httptools when installed (the `ray` extra
+    # installs both), and the body limit and drain were built and tested on asyncio + h11.
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
+                               loop="asyncio", http="h11",
                                timeout_graceful_shutdown=5)   # after the drain: time to write the last frames
 
     class DrainingServer(uvicorn.Server):

@@ -29,6 +29,8 @@ class GateContext:
     raw: dict                           # manifest.json as parsed JSON
     options: ValidationOptions
     manifest: Manifest | None = None    # set after gate B when the manifest parses into the typed schema
+    kv_layers: tuple[int, ...] | None = None   # a chip sub-calbin's model layers in its KV layout's order
+                                               # (gate P sets it: pp chips hold a range); None: 0..layers-1
     _onnx: dict = field(default_factory=dict)       # file -> ModelProto or the load error (str)
     _tokenizer: dict | None = None
     _tokenizer_error: str | None = None

@@ -2,7 +2,8 @@
 
     manifest (profile, kv, hyperparameters)  ==  graphs[] as declared  ==  each .onnx's inputs and outputs
 
-Each KV tensor is [lanes, kv_heads, context, head_dim]; its dimensions are split over C.lanes,
+Each KV tensor is [lanes, kv_heads, length, head_dim] (length = context, or a sliding-window layer's
+ring); its dimensions are split over C.lanes,
 C.context and C.kv_shape so that one wrong number fails one check. A graph's type must agree with
 its shapes: prefill runs one lane with many tokens (or a last_index input), decode one token per
 lane, a head turns `hidden` rows into logits. The vocabulary half is contract_vocab.py, the
@@ -19,7 +20,8 @@ from calculet.calbin.validate_report import Check, Rule, Severity
 
 GRAPH_IO = Rule("C.graph_io", "each .onnx declares exactly the inputs and outputs the manifest lists (names, static shapes, dtypes)")
 LANES = Rule("C.lanes", "lanes agree: profile, KV layout, each graph's entry point (prefill 1, decode_<n> n) and every tensor's rows")
-CONTEXT = Rule("C.context", "context agrees: profile, KV layout and every KV tensor")
+CONTEXT = Rule("C.context", "context agrees: profile, KV layout and every KV tensor; a layer's buffer holds the context, "
+                            "or (sliding-window layers) a ring of at least window + largest prefill chunk - 1 rows")
 CONTEXT_TRAINED = Rule("C.context_trained", "the context does not exceed the model's max_position_embeddings", Severity.WARNING)
 PREFILL_CHUNKS = Rule("C.prefill_chunks", "prefill graphs cover exactly the profile's chunk sizes, prefill_<S> taking S tokens")
 GRAPH_TYPE = Rule("C.graph_type", "each graph's type agrees with its shapes; prefill and decode graphs present")
@@ -45,7 +47,7 @@ def run(ctx: GateContext) -> list[Check]:
         _context_trained(ctx),
         PREFILL_CHUNKS.check(_chunk_problems(m, graphs), f"prefill chunks {list(m.profile.prefill_chunks)}"),
         GRAPH_TYPE.check(_type_problems(graphs), "graph types agree with their shapes"),
-        KV_SHAPE.check(_kv_problems(ctx, graphs), f"KV {m.kv.layout} [lanes, {m.kv.kv_heads}, context, {m.kv.head_dim}] "
+        KV_SHAPE.check(_kv_problems(ctx, graphs), f"KV {m.kv.layout} [lanes, {m.kv.kv_heads}, length, {m.kv.head_dim}] "
                                                    f"x {m.kv.num_layers} layers"),
         HIDDEN.check(_hidden_problems(ctx, graphs, layout),
                      f"hidden width {m.spec.hidden_size}; heads for rows {sorted(layout.head.values())}"),
@@ -141,14 +143,33 @@ def _lanes_problems(m, graphs: list[GraphSpec], layout: Layout) -> list[str]:
 
 def _context_problems(m, graphs: list[GraphSpec]) -> list[str]:
     problems = []
-    context = m.profile.context
-    if m.kv.context != context:
-        problems.append(f"kv.context {m.kv.context} != profile.context {context}")
+    context, kv, spec = m.profile.context, m.kv, m.spec
+    if kv.context != context:
+        problems.append(f"kv.context {kv.context} != profile.context {context}")
+    lengths = kv.layer_lengths
+    if len(lengths) != kv.num_layers or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
+        return problems + [f"kv.layer_lengths {list(lengths)[:8]} is not one whole number > 0 per layer "
+                           f"({kv.num_layers} layers)"]
+    # A chunk of S tokens writes S ring rows while its first query still reads the window-1 rows
+    # before it: the ring needs window + S - 1 rows so that no write lands on a row still read.
+    need = (spec.sliding_window or 0) + max(m.profile.prefill_chunks) - 1
+    for i, n in enumerate(lengths):
+        sliding = i < len(spec.layer_types) and spec.layer_types[i] == "sliding"
+        if n == context:
+            continue
+        if not sliding:
+            problems.append(f"layer {i} ({spec.layer_types[i] if i < len(spec.layer_types) else '?'} attention) holds {n} "
+                            f"positions; only sliding-window layers may hold fewer than the context {context}")
+        elif not need <= n < context:
+            problems.append(f"layer {i}: a ring of {n} rows; a sliding window of {spec.sliding_window} with prefill chunks up "
+                            f"to {max(m.profile.prefill_chunks)} needs {need}..{context - 1} rows (or the context {context})")
     for g in graphs:
         for _, t in _kv_tensors(g):
-            if _dim(t, 2) != context:
+            layer = t.name.rsplit(".", 1)[-1]
+            want = lengths[int(layer)] if layer.isdigit() and int(layer) < len(lengths) else context
+            if _dim(t, 2) != want:
                 problems.append(f"graph {g.name!r}: {t.name} {list(t.shape)} holds {_dim(t, 2)} positions, "
-                                f"the context is {context}")
+                                f"the KV layout says {want} for that layer (context {context})")
     return problems
 
 

@@ -35,7 +35,8 @@ def run(ctx: GateContext) -> list[Check]:
             problems.append(f"chip {chip.index}: folder {chip.folder!r} leaves the calbin")
             chip_ctx.append(None)
             continue
-        sub = GateContext(ctx.folder / chip.folder, read_manifest_json(ctx.folder / chip.folder), ctx.options)
+        sub = GateContext(ctx.folder / chip.folder, read_manifest_json(ctx.folder / chip.folder), ctx.options,
+                          kv_layers=tuple(chip.layers))
         for gate, module in _CHIP_GATES:
             for c in module.run(sub):
                 if c.status is Status.FAIL and c.id not in _NOT_FOR_CHIPS:

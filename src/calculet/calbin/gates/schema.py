@@ -1,4 +1,4 @@
-"""Gate B, manifest: the manifest is a well-formed `calculet.calbin/2` document.
+"""Gate B, manifest: the manifest is a well-formed `calculet.calbin/3` document.
 
 This gate reads the raw JSON (the one reader besides `Manifest.from_json`), so that a broken
 manifest is judged field by field; gates C–E then read the typed `Manifest` it parsed.
@@ -61,15 +61,18 @@ REQUIRED: tuple[tuple[str, str], ...] = (
     ("graphs[].lanes", _INT), ("graphs[].tokens", _INT), ("graphs[].inputs", _LIST), ("graphs[].outputs", _LIST),
     *((f"graphs[].{io}[].{k}", t) for io in ("inputs", "outputs") for k, t in (("name", _STR), ("shape", _LIST), ("dtype", _STR))),
     ("kv", _DICT), ("kv.layout", _STR), ("kv.dtype", _STR), ("kv.in_place", _BOOL),
-    *((f"kv.{k}", _INT) for k in ("num_layers", "lanes", "kv_heads", "context", "head_dim")),
+    *((f"kv.{k}", _INT) for k in ("num_layers", "lanes", "kv_heads", "context", "head_dim")), ("kv.layer_lengths", _LIST),
     ("weights", _DICT), ("weights.file", _STR), ("weights.bytes", _SIZE), ("weights.tensors", _LIST),
     ("weights.tensors[].name", _STR), ("weights.tensors[].dtype", _STR), ("weights.tensors[].shape", _LIST),
     ("weights.tensors[].offset", _SIZE), ("weights.tensors[].nbytes", _SIZE),
     ("quantization", _DICT), ("quantization.policy", _STR),
     ("quantization.table", _DICT), ("quantization.tensors", _DICT),
     ("memory_plan", _DICT), ("memory_plan.unit", _STR), ("memory_plan.weights_bytes", _SIZE),
-    ("memory_plan.kv", _DICT), ("memory_plan.kv.dtype", _STR), ("memory_plan.kv.buffer_shape", _LIST),
-    ("memory_plan.kv.buffers", _INT), ("memory_plan.kv.buffer_bytes", _SIZE), ("memory_plan.kv.total_bytes", _SIZE),
+    ("memory_plan.kv", _DICT), ("memory_plan.kv.dtype", _STR), ("memory_plan.kv.groups", _LIST),
+    ("memory_plan.kv.groups[].layers", _LIST), ("memory_plan.kv.groups[].buffer_shape", _LIST),
+    ("memory_plan.kv.groups[].buffers", _INT), ("memory_plan.kv.groups[].buffer_bytes", _SIZE),
+    ("memory_plan.kv.groups[].total_bytes", _SIZE), ("memory_plan.kv.bytes_per_lane", _SIZE),
+    ("memory_plan.kv.total_bytes", _SIZE),
     ("memory_plan.staging", _LIST), ("memory_plan.staging[].graph", _STR), ("memory_plan.staging[].bindings", _INT),
     ("memory_plan.staging[].binding_bytes", _SIZE), ("memory_plan.staging[].total_bytes", _SIZE),
     ("memory_plan.total_bytes", _SIZE), ("memory_plan.workspace_estimate_bytes", _SIZE),
@@ -78,7 +81,8 @@ REQUIRED: tuple[tuple[str, str], ...] = (
 )
 # Byte counts outside the memory plan's top level (there, every number is in memory_plan.unit).
 SIZE_FIELDS = ("files.*.bytes", "weights.bytes", "weights.tensors[].offset", "weights.tensors[].nbytes",
-               "memory_plan.kv.buffer_bytes", "memory_plan.kv.total_bytes", "memory_plan.staging[].binding_bytes",
+               "memory_plan.kv.groups[].buffer_bytes", "memory_plan.kv.groups[].total_bytes",
+               "memory_plan.kv.bytes_per_lane", "memory_plan.kv.total_bytes", "memory_plan.staging[].binding_bytes",
                "memory_plan.staging[].total_bytes")
 
 

@@ -1,4 +1,4 @@
-"""Byte sizes for the capacity planner: parse `32GiB` / `16GB`, print `N B (x.xxx GiB)`.
+"""Byte sizes: parse `32GiB` / `16GB`, print `N B (x.xxx GiB)` (the planner's device memory, compile's --kv-memory).
 
 Binary units (KiB, MiB, GiB, TiB) are powers of 1024; decimal units (KB, MB, GB, TB) are powers
 of 1000. A size always needs a unit: a bare `32` is rejected rather than guessed.

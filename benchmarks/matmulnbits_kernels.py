@@ -1,0 +1,78 @@
+"""MatMulNBits per ISA: 8-bit vs 4-bit blocks, fp32 vs int8 compute, 1 row (decode) vs many (prefill).
+
+    python benchmarks/matmulnbits_kernels.py [--n 2048] [--k 640] [--rows 1,8,128] [--threads 2]
+
+One ONNX Runtime MatMulNBits node per variant on the same random weight shape (default: the
+default model's MLP up projection, [2048 x 640], blocks of 32), timed alternately; prints each
+variant's time relative to 8-bit blocks with int8 compute (the `default` policy's kernel) per row
+count, under this CPU's ISA features. This is the evidence behind `--weights auto` (calbin/isa.py):
+run it on an AVX2-only CPU and on an AVX-512 VNNI one and compare the 4-bit/int8 and 8-bit/int8
+columns. It also shows why the `int8` weight-only policy is slow: 8-bit blocks at fp32 compute
+(accuracy_level 1) have no kernel and dequantize the whole weight per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+VARIANTS = (("8-bit, int8 compute (default)", 8, 4), ("4-bit, int8 compute (w4a8)", 4, 4),
+            ("4-bit, fp32 compute (int4)", 4, 1), ("8-bit, fp32 compute (int8)", 8, 1))
+
+
+def session(bits: int, accuracy_level: int, n: int, k: int, block: int, threads: int):
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 256, size=(n, k // block, block * bits // 8), dtype=np.uint8)
+    scales = (rng.random((n, k // block), dtype=np.float32) * 0.01).astype(np.float32)
+    node = helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], domain="com.microsoft", K=k, N=n, bits=bits,
+                            block_size=block, accuracy_level=accuracy_level)
+    graph = helper.make_graph([node], "mnb", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])],
+                              [numpy_helper.from_array(codes, "B"), numpy_helper.from_array(scales, "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    from calculet.cpu_features import detect
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=2048)
+    p.add_argument("--k", type=int, default=640)
+    p.add_argument("--block", type=int, default=32)
+    p.add_argument("--rows", default="1,8,128")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    sessions = [session(bits, level, args.n, args.k, args.block, args.threads) for _, bits, level in VARIANTS]
+    print(f"CPU: {detect().label}; weight [{args.n} x {args.k}], blocks of {args.block}, {args.threads} threads")
+    print("| rows | " + " | ".join(name for name, _, _ in VARIANTS) + " |")
+    print("|---" * (len(VARIANTS) + 1) + "|")
+    for rows in (int(r) for r in args.rows.split(",")):
+        a = np.random.default_rng(1).random((rows, args.k), dtype=np.float32)
+        calls = max(3, 256 // rows)
+        times = [[] for _ in sessions]
+        for s in sessions:
+            s.run(None, {"A": a})
+        for _ in range(args.rounds):
+            for i, s in enumerate(sessions):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    s.run(None, {"A": a})
+                times[i].append((time.perf_counter() - t0) / calls)
+        base = statistics.median(times[0])
+        print(f"| {rows} | " + " | ".join(f"{statistics.median(t) / base:.2f}x" for t in times) +
+              f" |   (default: {base * 1e6:.0f} us per call)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

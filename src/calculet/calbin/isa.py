@@ -1,0 +1,120 @@
+"""The manifest's `isa` section: the compiling CPU's features and why the weight policy was chosen.
+
+The compiler writes it (compiler/isa_policy.py); the runtime calls `load_warnings` with the loading
+CPU's features and logs what it returns. A calbin without the section (compiled before it existed)
+stays readable: `Manifest.isa` is then None and only the kernel checks run.
+
+`--weights auto` picks the weight policy whose ONNX Runtime kernels are fastest on the CPU.
+The rule, for the cpu target (x86; what ONNX Runtime's MLAS dispatches for MatMulNBits, read in
+onnxruntime/core/mlas/lib/qnbitgemm.cpp, platform.cpp and the sqnbitgemm_kernel_avx*.cpp tables):
+
+    CPU has                       policy    why
+    AMX / AVX-512 VNNI / AVX-VNNI default   int8 weights, int8 compute (accuracy_level 4): the 8-bit
+                                            kernel's dot products are one vpdpbusd per 4 bytes
+    AVX2 (no VNNI)                w4a8      the int8 dot product is emulated (vpmaddubsw + vpmaddwd);
+                                            decode stays bound by weight bytes, so 4-bit blocks
+                                            (half the bytes of 8-bit) with int8 compute win
+    no AVX2                       fp32      MLAS registers its n-bit GEMM kernels from AVX2 up;
+                                            below, MatMulNBits dequantizes every weight per call
+    not x86                       default   the rule covers x86 only
+
+Evidence for the AVX2 row, measured on an AVX2-only AMD EPYC (family 25 model 1: AVX2, FMA, F16C;
+no AVX-512, no VNNI) with the default model, 1 stream, 2 threads (issue 14): default 54.0 tok/s,
+TTFT 531 ms; w4a8 59.9 tok/s, 394 ms; int4 (fp32 compute) 34.4 tok/s. 8 streams: default 104,
+w4a8 99 tok/s: a wash at 8 rows, so the 1-stream and TTFT gains decide. w4a8 is lossier (int4
+codes; golden gate F uses the int4 bounds). CALCULET_CPU_FEATURES simulates another CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calculet.cpu_features import CpuFeatures
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    requested: str                  # what the command line asked for: "auto" or a policy name
+    chosen: str                     # the policy compiled (quantization.policy)
+    reason: str                     # one sentence: the rule that fired and the evidence behind it
+    assumes: tuple[str, ...] = ()   # CPU features the choice relied on (checked again at load)
+
+    def to_json(self) -> dict:
+        return {"requested": self.requested, "chosen": self.chosen, "reason": self.reason, "assumes": list(self.assumes)}
+
+    @staticmethod
+    def from_json(d: dict) -> "PolicyChoice":
+        return PolicyChoice(d["requested"], d["chosen"], d["reason"], tuple(d.get("assumes", ())))
+
+
+@dataclass(frozen=True)
+class IsaInfo:
+    compile_cpu: CpuFeatures
+    choice: PolicyChoice
+
+    def to_json(self) -> dict:
+        return {"compile_cpu": self.compile_cpu.to_json(), "choice": self.choice.to_json()}
+
+    @staticmethod
+    def from_json(d: dict) -> "IsaInfo":
+        return IsaInfo(CpuFeatures.from_json(d["compile_cpu"]), PolicyChoice.from_json(d["choice"]))
+
+
+AUTO = "auto"
+_AVX2_EVIDENCE = ("AVX2-only EPYC, default model, 1 stream: w4a8 59.9 vs default 54.0 tok/s, TTFT 394 vs 531 ms "
+                  "(issue 14)")
+
+
+def choose_policy(cpu: CpuFeatures) -> PolicyChoice:
+    """The cpu target's weight policy for `cpu`, with the reason and the features it relies on."""
+    if not cpu.x86:
+        return PolicyChoice(AUTO, "default", f"{cpu.machine or 'this'} CPU is not x86: the ISA rule covers x86 only; "
+                            "kept the default policy")
+    dot = cpu.int8_dot
+    if dot:
+        return PolicyChoice(AUTO, "default", f"{dot}: ONNX Runtime's 8-bit MatMulNBits kernel with int8 compute "
+                            "(accuracy_level 4) does its dot products in one instruction; int8 weights keep the "
+                            "default numerics", (dot,))
+    if cpu.has("avx2"):
+        return PolicyChoice(AUTO, "w4a8", "AVX2 without VNNI: ONNX Runtime emulates int8 dot products "
+                            "(vpmaddubsw + vpmaddwd), so decode is bound by weight bytes and 4-bit blocks with int8 "
+                            f"compute are faster than 8-bit ones; {_AVX2_EVIDENCE}", ("avx2",))
+    return PolicyChoice(AUTO, "fp32", "no AVX2: ONNX Runtime registers its n-bit MatMulNBits kernels from AVX2 up, "
+                        "below that every quantized matmul dequantizes its weight per call; fp32 uses SGEMM")
+
+
+
+
+# ONNX Runtime's MLAS has no 8-bit MatMulNBits kernel with fp32 compute (qnbitgemm.cpp's variants:
+# 8-bit blocks exist with int8 compute only); at accuracy_level 1 the node dequantizes the whole
+# weight to fp32 on every call. Measured on one [2048 x 640] weight, 1 row: ~470x slower than the same
+# codes at accuracy_level 4 (3x at 128 rows).
+SLOW_8BIT = ("8-bit MatMulNBits weights with fp32 compute (the `int8` weight-only format), for which ONNX Runtime has "
+             "no kernel: each call dequantizes the whole weight to fp32 (~470x slower per decode row than int8 compute)")
+
+
+def slow_8bit_tensors(manifest) -> int:
+    """How many MatMulNBits weights are 8-bit with fp32 compute (an embedding lookup is not a matmul)."""
+    return sum(1 for f in manifest.quantization.tensors.values()
+               if f.kind == "int8" and f.compute == "fp32" and f.module != "embedding")
+
+
+def load_warnings(manifest, now: CpuFeatures) -> list[str]:
+    """What to tell the operator when `manifest`'s calbin is loaded on `now`: features the compile-time
+    choice assumed but this CPU lacks, a different choice `auto` would make here, known-slow kernels."""
+    out, isa = [], manifest.isa
+    if isa is not None:
+        lacking = now.missing(isa.choice.assumes)
+        if lacking:
+            out.append(f"this CPU lacks {', '.join(lacking)}, which the compile-time weight policy "
+                       f"{isa.choice.chosen!r} assumed ({isa.choice.reason}); it runs, but slower than intended. "
+                       f"CPU at compile: {isa.compile_cpu.label}; here: {now.label}")
+        here = choose_policy(now).chosen
+        if manifest.target == "cpu" and isa.choice.requested == AUTO and here != isa.choice.chosen:
+            out.append(f"`--weights auto` would choose {here!r} on this CPU ({now.label}); this calbin holds "
+                       f"{isa.choice.chosen!r}: recompile on this machine for its fastest policy")
+    slow = slow_8bit_tensors(manifest)
+    if manifest.target == "cpu" and slow:
+        out.append(f"{slow} weight(s) use {SLOW_8BIT}; recompile with --weights default (the same int8 "
+                   "weights with int8 activations)")
+    return out

@@ -1,0 +1,102 @@
+"""Sliding-window attention over a KV ring, with the ring updated in place (the `cpu` target).
+
+GroupQueryAttention writes position p at row p of its buffer, so it cannot wrap. A ring layer's
+buffer has R rows (compiler/kv_layout.py) and holds position p at row p mod R:
+
+    pos[l, j]   = seqlens_k[l] + 1 - S + j                         positions of this step's tokens   [L, S]
+    slot        = pos mod R                                                                         [L, S]
+    K_new, V_new  (RoPE applied to K)                                                               [L, Nkv, S, D]
+    prefill:  K_new = Where(j <= last_index, K_new, K_ring[slot])  padding rewrites what was there
+    K_ring      = ScatterND(K_ring, (l, h, slot), K_new)            present_key aliases past_key: in place
+    d[l, j, s]  = (pos[l, j] - s) mod R                             how far back slot s is for query j
+    visible     = d < window  and  d <= pos[l, j]                   (the second: never written yet)
+    out         = softmax(Q . K_ring^T * scale + bias(visible)) . V_ring
+
+Every query reads the ring after this step's writes, so a query sees its own chunk causally (a
+later token of the chunk sits R - 1 rows "back", outside the window). Writes never reach a row a
+query still reads while R >= window + S - 1 (gate C checks it). Padding tokens of a prefill chunk
+write back what their slots held, so the positions just before the lane's end stay intact for
+`Program.max_rewind`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from calculet.calbin.graphspec import kv_names
+from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
+
+NEG = -1e30  # additive mask; finite so a fully masked row cannot produce NaN
+
+
+@dataclass(frozen=True)
+class RingContext:
+    """Per-graph tensors every ring layer shares."""
+    ring: int
+    lanes: int
+    tokens: int
+    positions: str           # int64 [L, S]
+    index: str               # int64 [L, Nkv, S, 3]: (lane, kv head, slot) of every new K/V row
+    real: str | None         # bool [1, 1, S, 1]: prefill tokens j <= last_index (None: decode, all real)
+    bias: str                # float32 [L, 1, 1, S, R]: 0 where the slot is visible, NEG elsewhere
+
+
+def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, ring: int, prefill: bool) -> RingContext:
+    s, nkv = "/model/ring", spec.num_kv_heads
+    seq = g.op("Cast", ["seqlens_k"], name=f"{s}/Cast", to=7)                                       # [L] int64
+    start = g.op("Unsqueeze", [g.op("Add", [seq, g.const(1 - tokens)], name=f"{s}/Start"), g.const([1])],
+                 name=f"{s}/StartCol")                                                             # [L, 1]
+    positions = g.op("Add", [start, g.const(np.arange(tokens)[None, :])], name=f"{s}/Positions")   # [L, S]
+    slot = g.op("Mod", [positions, g.const(ring)], name=f"{s}/Slot")                              # [L, S]
+    slot4 = g.op("Expand", [g.op("Unsqueeze", [slot, g.const([1, 3])], name=f"{s}/Slot4"), g.const([lanes, nkv, tokens, 1])],
+                 name=f"{s}/SlotExpand")                                                           # [L, Nkv, S, 1]
+    lane_ids = np.broadcast_to(np.arange(lanes).reshape(lanes, 1, 1, 1), (lanes, nkv, tokens, 1))
+    head_ids = np.broadcast_to(np.arange(nkv).reshape(1, nkv, 1, 1), (lanes, nkv, tokens, 1))
+    index = g.op("Concat", [g.const(np.ascontiguousarray(lane_ids)), g.const(np.ascontiguousarray(head_ids)), slot4],
+                 name=f"{s}/ScatterIndex", axis=-1)                                                # [L, Nkv, S, 3]
+    real = None
+    if prefill:
+        j = g.const(np.arange(tokens).reshape(1, 1, tokens, 1))
+        real = g.op("LessOrEqual", [j, "last_index"], name=f"{s}/RealTokens")                      # [1, 1, S, 1]
+    query = g.op("Unsqueeze", [positions, g.const([2])], name=f"{s}/QueryCol")                     # [L, S, 1]
+    back = g.op("Mod", [g.op("Sub", [query, g.const(np.arange(ring)[None, None, :])], name=f"{s}/Back"),
+                        g.const(ring)], name=f"{s}/BackMod")                                       # [L, S, R]
+    visible = g.op("And", [g.op("Less", [back, g.const(spec.sliding_window)], name=f"{s}/InWindow"),
+                           g.op("LessOrEqual", [back, query], name=f"{s}/Written")], name=f"{s}/Visible")
+    bias = g.op("Where", [visible, g.const(0.0, np.float32), g.const(NEG, np.float32)], name=f"{s}/Bias")
+    bias = g.op("Unsqueeze", [bias, g.const([1, 2])], name=f"{s}/Bias5")                           # [L, 1, 1, S, R]
+    return RingContext(ring, lanes, tokens, positions, index, real, bias)
+
+
+def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: tuple[str, str],
+              ctx: RingContext, scope: str) -> str:
+    """q [L, S, N*D], k/v [L, S, Nkv*D] -> [L, S, N*D]; writes this step's K/V into the layer's ring."""
+    n, nkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    group, lanes, tokens = n // nkv, ctx.lanes, ctx.tokens
+    past_k, past_v, present_k, present_v = kv_names(layer)
+    cos, sin = rope
+    rotary = lambda x, heads, nm: g.op("RotaryEmbedding", [x, ctx.positions, cos, sin], name=f"{scope}/{nm}",  # noqa: E731
+                                       domain=MS_DOMAIN, interleaved=0, num_heads=heads)
+    q = rotary(q, n, "RotaryQ")                                                                        # [L, S, N*D]
+    k = rotary(k, nkv, "RotaryK")
+    heads = lambda x, nm: g.op("Transpose", [g.op("Reshape", [x, g.const([0, 0, nkv, d])], name=f"{scope}/{nm}Heads")],  # noqa: E731
+                               name=f"{scope}/{nm}t", perm=[0, 2, 1, 3])                               # [L, Nkv, S, D]
+    new_k, new_v = heads(k, "NewK"), heads(v, "NewV")
+    rings = []
+    for new, past, present, tag in ((new_k, past_k, present_k, "K"), (new_v, past_v, present_v, "V")):
+        if ctx.real is not None:   # padding writes back the rows it would overwrite
+            old = g.op("GatherND", [past, ctx.index], name=f"{scope}/Old{tag}")                       # [L, Nkv, S, D]
+            new = g.op("Where", [ctx.real, new, old], name=f"{scope}/Keep{tag}")
+        rings.append(g.op("ScatterND", [past, ctx.index, new], name=f"{scope}/Write{tag}", outputs=[present]))
+    ring_k = g.op("Unsqueeze", [rings[0], g.const([2])], name=f"{scope}/RingK5")                       # [L, Nkv, 1, R, D]
+    ring_v = g.op("Unsqueeze", [rings[1], g.const([2])], name=f"{scope}/RingV5")
+    q = g.op("Transpose", [g.op("Reshape", [q, g.const([lanes, tokens, nkv, group, d])], name=f"{scope}/GroupQ")],
+             name=f"{scope}/Qt", perm=[0, 2, 3, 1, 4])                                                 # [L, Nkv, g, S, D]
+    scores = g.op("FusedMatMul", [q, ring_k], name=f"{scope}/Scores", domain=MS_DOMAIN, transB=1,
+                  alpha=float(spec.attn_scale))                                                        # [L, Nkv, g, S, R]
+    probs = g.op("Softmax", [g.op("Add", [scores, ctx.bias], name=f"{scope}/Mask")], name=f"{scope}/Softmax", axis=-1)
+    out = g.op("MatMul", [probs, ring_v], name=f"{scope}/Attn")                                        # [L, Nkv, g, S, D]
+    out = g.op("Transpose", [out], name=f"{scope}/Outt", perm=[0, 3, 1, 2, 4])                         # [L, S, Nkv, g, D]
+    return g.op("Reshape", [out, g.const([0, 0, n * d])], name=f"{scope}/Merge")

@@ -1,0 +1,56 @@
+"""benchmarks/vs_llamacpp's rounds summary: median and worst round per metric, for each server and the
+B/A ratio (issue 14 part 5: >= 5 alternating rounds, worst round reported beside the median)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "vs_llamacpp"))
+from rounds import collect, median_and_worst, rounds_json, rounds_markdown  # noqa: E402
+from scenarios import OUTPUT_TPS, PREFILL_TPS, TTFT_P50, saturation_rate  # noqa: E402
+
+
+def _s(tps, ttft, prompt=1000.0, load="closed", rate=1.0):
+    return SimpleNamespace(output_token_throughput=tps, ttft=SimpleNamespace(p50=ttft), mean_prompt_tokens=prompt,
+                           load=load, request_throughput=rate)
+
+
+def test_worst_is_the_round_least_favourable():
+    assert median_and_worst([3.0, 1.0, 2.0], True) == (2.0, 1.0)
+    assert median_and_worst([3.0, 1.0, None], False) == (2.0, 3.0)
+    assert median_and_worst([None], True) == (None, None)
+
+
+def test_rows_ratios_and_tables():
+    rounds = [{("streams", "c8"): (_s(100, 0.5), _s(150, 0.4))},
+              {("streams", "c8"): (_s(100, 0.5), _s(120, 0.6))},
+              {("streams", "c8"): (_s(80, 0.5), _s(160, 0.5))}]
+    rows = collect(rounds, {"streams": (OUTPUT_TPS, TTFT_P50, PREFILL_TPS)})
+    tps, ttft, prefill = rows
+    assert tps.ratios == pytest.approx((1.5, 1.2, 2.0)) and ttft.ratios == pytest.approx((0.8, 1.2, 1.0))
+    assert median_and_worst(tps.ratios, True) == pytest.approx((1.5, 1.2))
+    assert median_and_worst(ttft.ratios, False) == pytest.approx((1.0, 1.2))
+    assert prefill.b[0] == pytest.approx(1000 / 0.4)
+    cpu = {"flags": ["avx2", "fma"], "source": "test", "machine": "x86_64", "model": "EPYC"}
+    md = rounds_markdown(rows, cpu, 3)
+    assert "CPU: EPYC (x86_64): avx2 fma (test)" in md
+    assert "| streams c8 | output tok/s ↑ | 100 | 80 | 150 | 120 | **1.50×** | 1.20× | 1.50× 1.20× 2.00× |" in md
+    data = json.loads(rounds_json(rows, cpu))
+    assert data["cpu"] == cpu and data["rows"][1]["ratio_worst"] == pytest.approx(1.2)
+
+
+def test_one_server_alone_has_no_ratio_columns():
+    rows = collect([{("long", "p1000"): (None, _s(10, 0.25))}], {"long": (PREFILL_TPS,)})
+    md = rounds_markdown(rows, None, 1)
+    assert "B/A" not in md.splitlines()[6] and "| 4000 | 4000 |" in md and "CPU: not recorded" in md
+
+
+def test_saturation_rate_takes_the_best_closed_loop():
+    assert saturation_rate([_s(1, 1, rate=0.5), _s(1, 1, rate=2.0), _s(1, 1, load="poisson", rate=9.0)], 128, 0.9) == 1.8
+    with pytest.raises(RuntimeError, match="--open-rate"):
+        saturation_rate([], 128, 0.9)
