@@ -66,3 +66,17 @@ def test_default_model_kv_per_lane_before_and_after_the_ring():
         full = kv_layout(spec, 8, context, (16, 128), True, rings=False)
         assert full.bytes_per_lane == before_mib * 2**20
         assert ring.bytes_per_lane == (3 * context + 15 * 640) * 2 * 256 * 4 == after_mib * 2**20
+
+
+def test_plan_with_chips_prices_full_context_kv_as_compile_chips_builds_it(tiny_calbin, tiny_model_dir, capsys):
+    """Guards the kvring x chips merge: compile --chips 2 keeps full-context buffers on every layer, so
+    plan --chips 2 must not price sliding-window rings (it would under-count the KV)."""
+    compiled = read_manifest(tiny_calbin("gemma3", lanes=LANES, context=CONTEXT, chunks=CHUNKS, chips=2, partition="pp"))
+    rc = main(["plan", str(tiny_model_dir("gemma3")), "--context", str(CONTEXT), "--lanes", str(LANES),
+               "--prefill-chunk", str(max(CHUNKS)), "--device-memory", "1GiB", "--chips", "2", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    plan = json.loads(out)
+    assert plan["kv"]["ring"] is None and compiled.kv.ring is None
+    assert plan["kv"]["bytes_total"] == compiled.kv.total_bytes == LANES * 2 * compiled.spec.num_layers * CONTEXT \
+        * compiled.spec.num_kv_heads * compiled.spec.head_dim * 4

@@ -160,4 +160,5 @@ def test_chips_keep_full_context_kv_where_one_chip_keeps_rings(tiny_calbin, tiny
         sub = read_manifest(path / chip.folder)
         assert sub.kv.layer_lengths == (64,) * len(chip.layers)
         assert sub.memory_plan.kv.total_bytes == sub.kv.total_bytes
+        assert sub.isa == top.isa and top.isa is not None   # chips record the compiling CPU too
     assert any("full-context KV" in line for line in logs), logs

@@ -195,7 +195,8 @@ def write_chip(folder: Path, build: ChipBuild, weights: WeightStore, base: Manif
         weights=WeightsInfo(f"graphs/{WEIGHTS_FILE}", store.nbytes, base.weights.layout,
                             tuple(WeightTensor(e.name, e.dtype, tuple(e.shape), e.offset, e.nbytes) for e in store.entries)),
         quantization=Quantization(base.quantization.policy, base.quantization.table, tensors, base.quantization.overrides),
-        memory_plan=memory, golden=None, toolchain=base.toolchain, files=file_table(out), passes=base.passes)
+        memory_plan=memory, golden=None, toolchain=base.toolchain, files=file_table(out), passes=base.passes,
+        isa=base.isa)
     write_manifest(manifest, out)
     part = ChipPart(build.index, rel, weights_bytes=store.nbytes, memory_bytes=memory.total_bytes, **build.part)
     return part, store
