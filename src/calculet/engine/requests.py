@@ -173,7 +173,6 @@ class Sequence:
     stop: StopChecker
     output_ids: list[int] = field(default_factory=list)
     lane: int | None = None
-    pieces: list[int] = field(default_factory=list)   # prefill chunk sizes still to run
     prefilled: int = 0                                # tokens of kv_tokens() already in the lane
     last_token_at: float | None = None
     finish_reason: str | None = None

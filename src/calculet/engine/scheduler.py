@@ -1,25 +1,28 @@
-"""Which work runs in the next engine step: prefill chunks up to a token budget, plus one decode
-step over every sequence that is decoding.
+"""Which work runs in the next engine step: one decode step over every sequence that is decoding,
+plus a bounded slice of the waiting prompts' prefill chunks (a mixed step).
 
     waiting ──admit (a lane is free)──▶ prefilling ──last chunk──▶ decoding ──finish──▶ (lane freed)
        ▲                                     │                         │
        └────────── requeue (device reset: every lane forgotten) ───────┘
 
-Prefill is chunked, first come first served: each step takes the waiting prompts' next chunks until
-`prefill_budget` prompt tokens are planned (always at least one chunk), so a long prompt stalls the
-streams that are already decoding by at most about one budget's worth of prefill. A larger budget
-gets a burst of new requests into the decode batch in fewer steps (fewer part-full decode steps,
-higher throughput, lower TTFT); a smaller one keeps inter-token latency steadier. It is vLLM's
-max_num_batched_tokens trade-off, applied to prompt tokens. A sequence keeps its lane until it
-finishes; `finish` is the only way a lane is given back.
+Prefill is chunked, first come first served: each step takes the prefilling prompts' next chunks
+while they fit the step's prefill slice (always at least one chunk). The slice and the chunk sizes
+come from the `StepBudget` policy (engine/step_policy.py): `max_prefill_tokens` per step, and with
+a `step_token_budget` at most budget - decode rows while sequences decode, in chunks no larger than
+that, so no decoding stream waits a whole burst of prefill. A larger slice gets new requests into
+the decode batch in fewer steps (throughput, TTFT); a smaller one keeps inter-token latency steady:
+vLLM's max_num_batched_tokens trade-off. Chunks are planned every step from where each prompt
+stands. A sequence keeps its lane until it finishes; `finish` is the only way a lane is given back.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 
 from calculet.engine.requests import RequestState, Sequence
+from calculet.engine.step_policy import StepBudget
 from calculet.runtime.chunking import plan_chunks
 from calculet.runtime.lanes import Lanes
 
@@ -42,13 +45,17 @@ class StepPlan:
         return not self.prefill and not self.decode
 
 
+@lru_cache(maxsize=4096)
+def _plan(n_tokens: int, start: int, sizes: tuple[int, ...], context: int) -> tuple[int, ...]:
+    """plan_chunks, remembered: every step re-plans each prefilling prompt from where it stands."""
+    return tuple(plan_chunks(n_tokens, start, sizes, context))
+
+
 class Scheduler:
-    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...], prefill_budget: int):
-        if prefill_budget < 1:
-            raise ValueError(f"prefill_budget must be >= 1 token, got {prefill_budget}")
+    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...], budget: StepBudget):
         self.lanes = lanes
         self.chunk_sizes = tuple(chunk_sizes)
-        self.prefill_budget = prefill_budget
+        self.budget = budget
         self.waiting: deque[Sequence] = deque()
         self.prefilling: deque[Sequence] = deque()
         self.decoding: list[Sequence] = []
@@ -75,15 +82,19 @@ class Scheduler:
         return StepPlan(self._prefill_work(), tuple(self.decoding), admitted)
 
     def _prefill_work(self) -> tuple[PrefillWork, ...]:
-        """The next chunks in arrival order while they fit the budget; the first always runs."""
+        """The next chunks in arrival order while they fit the step's prefill slice; the first always runs."""
+        rows = len(self.decoding)
+        limit = self.budget.prefill_slice(rows)
+        sizes = self.budget.chunk_sizes(self.chunk_sizes, rows)
         work, planned = [], 0
         for seq in self.prefilling:
+            tokens = seq.kv_tokens()
             done = seq.prefilled
-            for i, n in enumerate(seq.pieces):
-                if work and planned + n > self.prefill_budget:
+            pieces = _plan(len(tokens) - done, done, sizes, self.lanes.context)
+            for i, n in enumerate(pieces):
+                if work and planned + n > limit:
                     return tuple(work)
-                tokens = seq.kv_tokens()[done:done + n]
-                work.append(PrefillWork(seq, tokens, last=i == len(seq.pieces) - 1))
+                work.append(PrefillWork(seq, tokens[done:done + n], last=i == len(pieces) - 1))
                 planned += n
                 done += n
         return tuple(work)
@@ -93,7 +104,6 @@ class Scheduler:
         while self.waiting and self.lanes.can_allocate():
             seq = self.waiting.popleft()
             seq.lane = self.lanes.allocate()
-            seq.pieces = plan_chunks(len(seq.kv_tokens()), 0, self.chunk_sizes, self.lanes.context)
             seq.prefilled = 0
             if seq.state.admitted_at is None:
                 seq.state.admitted_at = now
@@ -104,7 +114,6 @@ class Scheduler:
     def prefill_done(self, work: PrefillWork) -> None:
         """The chunk ran: advance the sequence; after its last chunk it decodes from the next step."""
         seq = work.seq
-        seq.pieces.pop(0)
         seq.prefilled += len(work.tokens)
         if work.last:
             self.prefilling.remove(seq)
@@ -127,5 +136,5 @@ class Scheduler:
             for queue in (self.prefilling, self.decoding):
                 if seq in queue:
                     queue.remove(seq)
-            seq.lane, seq.pieces, seq.prefilled = None, [], 0
+            seq.lane, seq.prefilled = None, 0
         self.waiting.extendleft(reversed(seqs))
