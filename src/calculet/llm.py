@@ -46,6 +46,8 @@ class LLMOptions:
     prefill_chunks: tuple[int, ...] | None = None   # compile: chunk sizes (default 16, 128)
     weights: str | None = None                 # compile: weight policy (default "auto": by the CPU's ISA)
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
+    step_token_budget: int = 64                # engine: decode rows + prompt tokens per step while decoding; 0: none
+    in_flight: int = 2                         # engine: device jobs in flight, 1 (immediate wait) or 2 (ping/pong)
     max_queue: int | None = None               # engine: waiting sequences; None = no limit
     request_timeout_s: float | None = None     # engine: per-request time limit; None = none
 
@@ -70,7 +72,8 @@ class LLMOptions:
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_queue=UNBOUNDED_QUEUE if self.max_queue is None else self.max_queue,
-                            max_prefill_tokens=self.max_prefill_tokens, request_timeout_s=self.request_timeout_s)
+                            max_prefill_tokens=self.max_prefill_tokens, step_token_budget=self.step_token_budget,
+                            in_flight=self.in_flight, request_timeout_s=self.request_timeout_s)
 
 
 def _options(given: dict) -> LLMOptions:

@@ -25,6 +25,8 @@ from calculet.runtime.jobs import PhaseTimings
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4   # the text format /metrics serves
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+STEP_TOKEN_BUCKETS = (0, 1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+STEP_ROW_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 PHASES = ("input_prep", "infer", "output_fetch")
 JOB_KINDS = ("prefill", "decode")
 # gauge name, help, EngineSnapshot field
@@ -98,7 +100,12 @@ class ServerMetrics:
         self.phase = Histogram("calculet_device_phase_seconds", "Device time per job and phase "
                                "(queued, input_prep, infer, output_fetch)", M + ("kind", "phase"), buckets=STEP_BUCKETS,
                                registry=r)
-        self.sampling = Histogram("calculet_sampling_seconds", "Host sampling time per engine step", M,
+        self.step_prefill = Histogram("calculet_step_prefill_tokens", "Prompt tokens prefilled per engine step "
+                                      "(bounded by --max-prefill-tokens and --step-token-budget)", M,
+                                      buckets=STEP_TOKEN_BUCKETS, registry=r)
+        self.step_decode = Histogram("calculet_step_decode_rows", "Decoding sequences per engine step", M,
+                                     buckets=STEP_ROW_BUCKETS, registry=r)
+        self.sampling = Histogram("calculet_sampling_seconds", "Host sampling time per device job", M,
                                   buckets=STEP_BUCKETS, registry=r)
         self.useful = Counter("calculet_device_useful_tokens_total", "Real tokens in device jobs", M + ("kind",), registry=r)
         self.computed = Counter("calculet_device_computed_tokens_total", "Tokens the graphs computed, padding included",
@@ -146,6 +153,10 @@ class ModelMetrics(EngineObserver):
             m.phase.labels(n, kind, phase).observe(getattr(timings, phase))
         m.useful.labels(n, kind).inc(useful_tokens)
         m.computed.labels(n, kind).inc(timings.computed_tokens)
+
+    def step(self, prefill_tokens: int, decode_rows: int) -> None:
+        self.m.step_prefill.labels(self.name).observe(prefill_tokens)
+        self.m.step_decode.labels(self.name).observe(decode_rows)
 
     def sampled(self, seconds: float, tokens: int) -> None:
         if tokens:
