@@ -8,9 +8,10 @@ Scenarios (both on the same prompts, random token ids, ignore_eos, so every vari
     8 streams      8 requests at once
     16 through 8   8 client threads, each sending 2 requests back to back (a finished stream sends
                    its next prompt while the others still decode)
-pingpong: `--in-flight 1` (each job waited for before the next is submitted: immediate wait) against
-`--in-flight 2` (the next job queued while the host samples and streams the previous one), at the
-default budget. Step profile per job kind: queued, input prep, infer and output fetch (device worker),
+pingpong, at the default budget: `immediate` (each job run on the engine thread itself, inside
+submit: no device worker, no hand-off), `--in-flight 1` (the worker runs each job; the engine waits
+for it before submitting the next) and `--in-flight 2` (the next job queued in the other staging slot
+while the host samples and streams the previous one). Step profile per job kind: queued, input prep, infer and output fetch (device worker),
 host sampling, and the device's idle share of the wall time (1 - summed job time / wall).
 sweep: `--step-token-budget` per value (0 = none, only --max-prefill-tokens 512), in-flight 2.
 Times: TTFT and ITL are measured where a client sees them (when each delta reaches the consumer).
@@ -58,6 +59,28 @@ class Profile:
         return Observer()
 
 
+class Inline:
+    """The device without its worker thread: submit runs the job on the caller's thread and returns a
+    finished handle (the 'immediate' variant; benchmark only: it skips submit's checks and fencing)."""
+
+    def __init__(self, device):
+        self._device = device
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+    def submit(self, job):
+        from calculet.errors import CalculetError
+        from calculet.runtime.jobs import JobHandle
+
+        handle = JobHandle(job=job, id=0, submitted_at=time.perf_counter())
+        try:
+            handle._finish(result=self._device._execute(job, queued=0.0))
+        except CalculetError as exc:
+            handle._finish(error=exc)
+        return handle
+
+
 @dataclass(frozen=True)
 class Run:
     wall: float
@@ -79,14 +102,15 @@ def prompts(vocab: int, n: int, length: int, seed: int) -> list[tuple[int, ...]]
     return [(2,) + tuple(rng.randrange(min(1000, vocab // 2), vocab - 1) for _ in range(length - 1)) for _ in range(n)]
 
 
-def run_scenario(device, tokenizer, config, ps: list, streams: int, output_tokens: int) -> Run:
+def run_scenario(device, tokenizer, variant, ps: list, streams: int, output_tokens: int) -> Run:
     """`streams` client threads share the prompts, each sending its next one when the last finished."""
     from calculet.engine.engine import Engine
     from calculet.engine.requests import GenerationRequest, RequestDone, RequestFailed, SequenceDelta
     from calculet.engine.sampler import SamplerConfig
 
     profile = Profile()
-    engine = Engine(device, tokenizer, config, profile.observer())
+    inline, config = variant
+    engine = Engine(Inline(device) if inline else device, tokenizer, config, profile.observer())
     engine.start()
     todo = queue.Queue()
     for p in ps:
@@ -206,13 +230,14 @@ def main() -> None:
     out = [f"calbin: {calbin}"]
     try:
         if args.only in (None, "pingpong"):
-            print("ping/pong: in-flight 1 (immediate wait) vs in-flight 2", flush=True)
-            variants = {f"in-flight {k}": EngineConfig(in_flight=k) for k in (1, 2)}
+            print("ping/pong: immediate vs in-flight 1 vs in-flight 2", flush=True)
+            variants = {"immediate": (True, EngineConfig(in_flight=1)),
+                        **{f"in-flight {k}": (False, EngineConfig(in_flight=k)) for k in (1, 2)}}
             out.append("## Ping/pong (default step budget)\n\n" + compare(device, tokenizer, variants, args, print))
         if args.only in (None, "sweep"):
             print("step-token-budget sweep (in-flight 2)", flush=True)
             budgets = [int(b) for b in args.budgets.split(",")]
-            variants = {f"budget {b or 'none'}": EngineConfig(step_token_budget=b) for b in budgets}
+            variants = {f"budget {b or 'none'}": (False, EngineConfig(step_token_budget=b)) for b in budgets}
             out.append("## Step token budget (TTFT vs ITL P99)\n\n" + compare(device, tokenizer, variants, args, print))
     finally:
         device.close()
