@@ -169,3 +169,16 @@ def test_a_slot_out_of_range_is_refused(device):
 def test_in_flight_is_checked():
     with pytest.raises(RequestError, match="--in-flight must be 1 or 2"):
         EngineConfig(in_flight=3)
+
+
+def test_gemma3_sliding_window_model_mixed_and_in_flight_equal_alone(tiny_calbin):
+    """The same under concurrency on a Gemma 3 (sliding-window layers, prompts longer than its window)."""
+    d = Device()
+    d.configure(d.load(tiny_calbin("gemma3")))
+    try:
+        alone = [greedy_together(d, [p], TOKENS)[0] for p in prompts(d.program.vocab_size)]
+        steps = Steps()
+        assert run_concurrently(d, EngineConfig(step_token_budget=8, in_flight=2), steps) == alone
+        assert any(p and r for p, r in steps.steps)
+    finally:
+        d.close()
