@@ -105,7 +105,8 @@ class ServerConfig:
         from calculet.server.model_spec import ModelSpec
 
         return ModelSpec(source=source, name=name, chat_template=self.chat_template, max_queue=self.max_queue,
-                         max_prefill_tokens=self.max_prefill_tokens, request_timeout_s=self.request_timeout_s,
+                         max_prefill_tokens=self.max_prefill_tokens, step_token_budget=self.step_token_budget,
+                         in_flight=self.in_flight, request_timeout_s=self.request_timeout_s,
                          job_timeout_s=self.job_timeout_s)
 
     def model_specs(self) -> tuple:

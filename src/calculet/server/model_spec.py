@@ -10,6 +10,8 @@ whose name is derived), from `--models models.toml`, or from an admin load reque
     chat_template = "gemma"        # built-in name or Jinja file
     max_queue = 128                # its own waiting queue
     max_prefill_tokens = 512
+    step_token_budget = 64         # decode rows + prompt tokens per step while decoding (0: none)
+    in_flight = 2                  # device jobs in flight: 1 or 2 (ping/pong)
     request_timeout = 30.0         # seconds
 
 A spec is validated when it is built, so a bad file fails at start with the key and the allowed values.
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from calculet.engine.engine import EngineConfig
 
 TOML_KEYS = ("name", "source", "calbin", "chips", "lanes", "chat_template", "max_queue", "max_prefill_tokens",
-             "request_timeout")
+             "step_token_budget", "in_flight", "request_timeout")
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class ModelSpec:
     chat_template: str | None = None
     max_queue: int = 128
     max_prefill_tokens: int = 512
+    step_token_budget: int = 64        # = engine.step_policy.DEFAULT_STEP_TOKEN_BUDGET
+    in_flight: int = 2
     request_timeout_s: float | None = None
     job_timeout_s: float = 600.0
 
@@ -61,6 +65,7 @@ class ModelSpec:
         from calculet.engine.engine import EngineConfig
 
         return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
+                            step_token_budget=self.step_token_budget, in_flight=self.in_flight,
                             request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s)
 
     def name_for(self, calbin: Path, source_path: str | None) -> str:
@@ -109,7 +114,7 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
     if "source" in d and "calbin" in d:
         raise RequestError("bad_option", f"{where}: give source or calbin, not both")
     types = {"name": str, "source": str, "calbin": str, "chat_template": str, "lanes": int, "max_queue": int,
-             "max_prefill_tokens": int, "request_timeout": (int, float)}
+             "max_prefill_tokens": int, "step_token_budget": int, "in_flight": int, "request_timeout": (int, float)}
     for key, kind in types.items():
         if key in d and (not isinstance(d[key], kind) or isinstance(d[key], bool)):
             raise RequestError("bad_option", f"{where}: {key} must be a {getattr(kind, '__name__', 'number')}, "
@@ -124,6 +129,8 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
                    lanes=d.get("lanes", base.lanes), chat_template=d.get("chat_template", base.chat_template),
                    max_queue=d.get("max_queue", base.max_queue),
                    max_prefill_tokens=d.get("max_prefill_tokens", base.max_prefill_tokens),
+                   step_token_budget=d.get("step_token_budget", base.step_token_budget),
+                   in_flight=d.get("in_flight", base.in_flight),
                    request_timeout_s=None if timeout is None else float(timeout))
 
 
