@@ -48,6 +48,7 @@ class LLMOptions:
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
     max_queue: int | None = None               # engine: waiting sequences; None = no limit
     request_timeout_s: float | None = None     # engine: per-request time limit; None = none
+    prefix_cache: bool = True                  # engine: resume prompts from finished sequences' KV
 
     def __post_init__(self):
         if self.prefill_chunks is not None:
@@ -70,7 +71,8 @@ class LLMOptions:
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_queue=UNBOUNDED_QUEUE if self.max_queue is None else self.max_queue,
-                            max_prefill_tokens=self.max_prefill_tokens, request_timeout_s=self.request_timeout_s)
+                            max_prefill_tokens=self.max_prefill_tokens, request_timeout_s=self.request_timeout_s,
+                            prefix_cache=self.prefix_cache)
 
 
 def _options(given: dict) -> LLMOptions:

@@ -12,6 +12,10 @@ gets a burst of new requests into the decode batch in fewer steps (fewer part-fu
 higher throughput, lower TTFT); a smaller one keeps inter-token latency steadier. It is vLLM's
 max_num_batched_tokens trade-off, applied to prompt tokens. A sequence keeps its lane until it
 finishes; `finish` is the only way a lane is given back.
+
+Lanes are got and given back through the prefix cache (engine/prefix_cache.py): admission may get a
+warm lane that already holds the sequence's first tokens (prefill starts after them), and a sequence
+that finished normally leaves its lane warm.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from calculet.engine.prefix_cache import PrefixCache
 from calculet.engine.requests import RequestState, Sequence
 from calculet.runtime.chunking import plan_chunks
 from calculet.runtime.lanes import Lanes
@@ -43,10 +48,12 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...], prefill_budget: int):
+    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...], prefill_budget: int,
+                 cache: PrefixCache | None = None):
         if prefill_budget < 1:
             raise ValueError(f"prefill_budget must be >= 1 token, got {prefill_budget}")
         self.lanes = lanes
+        self.cache = cache if cache is not None else PrefixCache(lanes, enabled=False)
         self.chunk_sizes = tuple(chunk_sizes)
         self.prefill_budget = prefill_budget
         self.waiting: deque[Sequence] = deque()
@@ -90,11 +97,13 @@ class Scheduler:
 
     def _admit(self, now: float) -> tuple[RequestState, ...]:
         admitted = []
-        while self.waiting and self.lanes.can_allocate():
+        while self.waiting and self.cache.can_allocate():
             seq = self.waiting.popleft()
-            seq.lane = self.lanes.allocate()
-            seq.pieces = plan_chunks(len(seq.kv_tokens()), 0, self.chunk_sizes, self.lanes.context)
-            seq.prefilled = 0
+            tokens = seq.kv_tokens()
+            grant = self.cache.allocate(tokens)
+            seq.lane, seq.prefilled = grant.lane, grant.cached
+            seq.cached_tokens = min(grant.cached, len(seq.state.request.prompt_ids))
+            seq.pieces = plan_chunks(len(tokens) - grant.cached, grant.cached, self.chunk_sizes, self.lanes.context)
             if seq.state.admitted_at is None:
                 seq.state.admitted_at = now
                 admitted.append(seq.state)
@@ -112,12 +121,15 @@ class Scheduler:
 
     # --- leaving -------------------------------------------------------------------------
     def finish(self, seq: Sequence) -> None:
-        """Remove the sequence wherever it is and give its lane back."""
+        """Remove the sequence wherever it is and give its lane back: warm (its KV reusable) when it
+        decoded to a normal end, cold when it was cancelled, timed out or failed."""
+        decoded = seq in self.decoding
         for queue in (self.waiting, self.prefilling, self.decoding):
             if seq in queue:
                 queue.remove(seq)
         if seq.lane is not None:
-            self.lanes.free(seq.lane)
+            valid = decoded and seq.finish_reason in ("stop", "length")
+            self.cache.release(seq.lane, seq.kv_tokens() if valid else None)
             seq.lane = None
 
     def requeue(self, seqs: list[Sequence]) -> None:

@@ -11,6 +11,7 @@ whose name is derived), from `--models models.toml`, or from an admin load reque
     max_queue = 128                # its own waiting queue
     max_prefill_tokens = 512
     request_timeout = 30.0         # seconds
+    prefix_cache = true            # reuse finished prompts' KV (false: --no-prefix-cache for this model)
 
 A spec is validated when it is built, so a bad file fails at start with the key and the allowed values.
 """
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from calculet.engine.engine import EngineConfig
 
 TOML_KEYS = ("name", "source", "calbin", "chips", "lanes", "chat_template", "max_queue", "max_prefill_tokens",
-             "request_timeout")
+             "request_timeout", "prefix_cache")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class ModelSpec:
     max_prefill_tokens: int = 512
     request_timeout_s: float | None = None
     job_timeout_s: float = 600.0
+    prefix_cache: bool = True
 
     def __post_init__(self):
         where = f"model {self.name or self.source or '(default)'}"
@@ -61,7 +63,8 @@ class ModelSpec:
         from calculet.engine.engine import EngineConfig
 
         return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
-                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s)
+                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s,
+                            prefix_cache=self.prefix_cache)
 
     def name_for(self, calbin: Path, source_path: str | None) -> str:
         """The name clients use: the given one, else the name of what was given to serve."""
@@ -114,6 +117,8 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
         if key in d and (not isinstance(d[key], kind) or isinstance(d[key], bool)):
             raise RequestError("bad_option", f"{where}: {key} must be a {getattr(kind, '__name__', 'number')}, "
                                f"got {d[key]!r}")
+    if "prefix_cache" in d and not isinstance(d["prefix_cache"], bool):
+        raise RequestError("bad_option", f"{where}: prefix_cache must be true or false, got {d['prefix_cache']!r}")
     chips = d.get("chips", list(base.chips))
     if isinstance(chips, int) and not isinstance(chips, bool):
         chips = [chips]
@@ -124,7 +129,8 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
                    lanes=d.get("lanes", base.lanes), chat_template=d.get("chat_template", base.chat_template),
                    max_queue=d.get("max_queue", base.max_queue),
                    max_prefill_tokens=d.get("max_prefill_tokens", base.max_prefill_tokens),
-                   request_timeout_s=None if timeout is None else float(timeout))
+                   request_timeout_s=None if timeout is None else float(timeout),
+                   prefix_cache=d.get("prefix_cache", base.prefix_cache))
 
 
 def check_unique(specs: tuple[ModelSpec, ...]) -> None:
