@@ -9,7 +9,8 @@ turn of a chat that resends its history, one request at a time, against any Open
 
 Every request streams with `stream_options.include_usage` and `cache_prompt: true` (llama-server's
 slot cache switch; servers that do not know it ignore it). A run is a directory: `scenario.json`
-(settings and server facts) and `ttft.jsonl` (one `TurnRecord` a line). `plot_ttft` draws two or
+(settings and server facts) and `ttft.jsonl` (one `TurnRecord` a line; an unrecorded warm-up request
+goes first). `plot_ttft` draws two or
 more runs side by side (`calculet bench ttft-plot A B`).
 """
 
@@ -198,7 +199,11 @@ def run_scenario(config: ScenarioConfig, log=print) -> Path:
 
         async def main() -> None:
             session = _Session(config, label)
-            try:
+            try:   # one unrecorded request first: a server's first request pays its one-time costs
+                warm = _words(random.Random(f"warm-up {config.seed}"), 16)
+                api, body = (("completions", {"prompt": warm}) if config.scenario == "long-prompt"
+                             else ("chat", {"messages": [{"role": "user", "content": warm}]}))
+                await session.send(api, body, 0, -1)
                 if config.scenario == "long-prompt":
                     await _long_prompt(session, buckets, counter, rng, emit)
                 else:
@@ -275,6 +280,9 @@ def plot_ttft(runs: list[Path], out: Path) -> Path:
         ax.set_xlabel("prompt tokens")
         ax.set_title("TTFT against prompt length (median)")
     else:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("turn (history resent each turn)")
         ax.set_title("TTFT per chat turn (median over conversations)")
     ax.set_ylabel("TTFT (ms)")
