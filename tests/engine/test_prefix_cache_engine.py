@@ -15,6 +15,7 @@ from calculet.engine.requests import GenerationRequest, RequestDone, RequestFail
 from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.runtime.device import Device
+from calculet.runtime.chunking import plan_chunks
 from calculet.runtime.faults import FaultPlan
 from tiny_models import VOCAB, make_tiny_model
 
@@ -36,10 +37,11 @@ def calbin(tmp_path_factory):
 def make_engine(calbin):
     made = []
 
-    def make(prefix_cache=True, fault=None):
+    def make(prefix_cache=True, fault=None, job_timeout_s=600.0):
         device = Device(faults=FaultPlan.parse(fault))
         device.configure(device.load(calbin))
-        engine = Engine(device, TextTokenizer.from_program(device.program), EngineConfig(prefix_cache=prefix_cache))
+        config = EngineConfig(prefix_cache=prefix_cache, job_timeout_s=job_timeout_s)
+        engine = Engine(device, TextTokenizer.from_program(device.program), config)
         engine.start()
         made.append(engine)
         return engine
@@ -70,6 +72,12 @@ class Call:
         return self.tokens, event
 
 
+def idle_snapshot(engine):
+    """The engine's snapshot once it is idle (it is published after the step that ended a request)."""
+    assert engine.wait_idle(30)
+    return engine.snapshot()
+
+
 def run_one(engine, prompt, max_tokens=12):
     tokens, end = Call(engine, prompt, max_tokens).result()
     assert isinstance(end, RequestDone), end
@@ -83,7 +91,7 @@ def test_shared_prefix_gives_the_same_tokens_with_the_cache_on_and_off(make_engi
         engine = make_engine(prefix_cache=on)
         results[on] = [run_one(engine, SHARED + s) for s in SUFFIXES]
         assert engine.lanes.free_count() == 4
-        stats = engine.snapshot().prefix_cache
+        stats = idle_snapshot(engine).prefix_cache
         if on:
             assert (stats.lookups, stats.hits) == (3, 2) and stats.tokens_saved >= 2 * 2000
         else:
@@ -106,7 +114,7 @@ def test_multi_turn_history_hits_the_previous_turn(make_engine):
             # the previous turn's lane holds its prompt and all but its last output token
             assert done.cached_tokens >= len(prompt) - 40 - 1
         prompt = prompt + tuple(tokens) + SUFFIXES[turn % 3]
-    assert engine.snapshot().prefix_cache.hits == 3
+    assert idle_snapshot(engine).prefix_cache.hits == 3
 
 
 def test_batched_equals_alone_with_the_cache_on(make_engine):
@@ -135,8 +143,7 @@ def test_cancelled_lanes_are_freed_cold(make_engine):
     engine.cancel(prefilling.id)
     for call in (decoding, prefilling):
         assert isinstance(call.result()[1], RequestFailed)
-    assert engine.wait_idle(30)
-    snap = engine.snapshot()
+    snap = idle_snapshot(engine)
     assert engine.lanes.free_count() == 4 and snap.lanes_free == 4 and snap.prefix_cache.warm == 0
     _, done = run_one(engine, SHARED[:100] + SUFFIXES[0])
     assert done.cached_tokens == 0
@@ -147,11 +154,30 @@ def test_device_fault_forgets_warm_lanes(make_engine):
     request prefills in full and gets the same tokens."""
     engine = make_engine(prefix_cache=True, fault="decode:13")
     first, _ = run_one(engine, SHARED[:200])                # decode jobs 1..11: warm afterwards
-    assert engine.snapshot().prefix_cache.warm == 1
+    assert idle_snapshot(engine).prefix_cache.warm == 1
     tokens, end = Call(engine, SHARED[:200] + SUFFIXES[0]).result()   # its 2nd decode job fails
     assert isinstance(end, RequestFailed)
-    assert engine.wait_idle(30)
-    snap = engine.snapshot()
+    snap = idle_snapshot(engine)
     assert snap.prefix_cache.warm == 0 and engine.lanes.free_count() == 4
     again, done = run_one(engine, SHARED[:200])
     assert again == first and done.cached_tokens == 0
+
+
+@pytest.mark.parametrize("action", ["fail", "hang"])
+def test_fault_in_a_resumed_prefill_loses_no_lane(make_engine, action):
+    """The prefill that resumes from a warm lane fails (or hangs past the job timeout, so the worker
+    is fenced and the KV buffers renewed): that request fails, the device resets, no lane is lost or
+    left warm, and the same prompt then prefills in full and gets the tokens it got before."""
+    first_jobs = len(plan_chunks(200, 0, (16, 128), 2304))
+    engine = make_engine(prefix_cache=True, fault=f"{action}@prefill:{first_jobs + 1}", job_timeout_s=3.0)
+    first, _ = run_one(engine, SHARED[:200])
+    assert idle_snapshot(engine).prefix_cache.warm == 1
+    _, end = Call(engine, SHARED[:200] + SUFFIXES[0]).result()    # resumes at 200: prefill job first_jobs + 1
+    assert isinstance(end, RequestFailed)
+    snap = idle_snapshot(engine)
+    assert snap.prefix_cache.hits == 1 and snap.prefix_cache.warm == 0
+    assert engine.lanes.free_count() == 4 and engine.healthy
+    again, done = run_one(engine, SHARED[:200])
+    assert again == first and done.cached_tokens == 0
+    if action == "hang":
+        assert engine.device.fences == 1
