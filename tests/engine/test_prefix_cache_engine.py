@@ -4,7 +4,10 @@ equals alone, and no lane lost or kept warm after cancels and device faults."""
 
 from __future__ import annotations
 
+import queue
 import random
+
+import numpy as np
 
 import pytest
 
@@ -53,12 +56,11 @@ def make_engine(calbin):
 
 
 class Call:
-    def __init__(self, engine, prompt, max_tokens=12):
-        import queue
-
+    def __init__(self, engine, prompt, max_tokens=12, prompt_logits=False):
         self.events = queue.Queue()
         self.tokens: list[int] = []
-        self.id = engine.submit(GenerationRequest(tuple(prompt), GREEDY, max_tokens, ignore_eos=True), self.events.put)
+        request = GenerationRequest(tuple(prompt), GREEDY, max_tokens, ignore_eos=True, prompt_logits=prompt_logits)
+        self.id = engine.submit(request, self.events.put)
 
     def next(self):
         event = self.events.get(timeout=120)
@@ -181,3 +183,30 @@ def test_fault_in_a_resumed_prefill_loses_no_lane(make_engine, action):
     assert again == first and done.cached_tokens == 0
     if action == "hang":
         assert engine.device.fences == 1
+
+
+
+def first_logits(engine, prompt):
+    """The logits row the first token is sampled from, and the request's end event."""
+    call = Call(engine, prompt, 2, prompt_logits=True)
+    row = call.next().prompt_logits
+    return row, call.result()[1]
+
+
+def test_warm_lane_survives_other_lanes_decode_steps(make_engine):
+    """Regression: a decode graph also writes the rows of lanes outside its job, and a free lane's
+    write went to position 0, so a warm lane's first KV position was overwritten by every decode step
+    of a busier lane with a higher row. Its writes now land just past what the warm lane keeps."""
+    plain = make_engine(prefix_cache=False)
+    prompt = SHARED[:24] + SUFFIXES[1]
+    alone, _ = first_logits(plain, prompt)
+    engine = make_engine(prefix_cache=True)
+    busy = Call(engine, SUFFIXES[2] + SHARED[:40], 30)       # lane 0, decoding
+    assert isinstance(busy.next(), SequenceDelta)
+    run_one(engine, SHARED[:24], 2)                          # lane 1: finishes, warm
+    more = Call(engine, SUFFIXES[0] + SHARED[:40], 30)        # lane 2: decode graphs cover rows 0..2
+    for call in (busy, more):
+        assert isinstance(call.result()[1], RequestDone)
+    got, done = first_logits(engine, prompt)
+    assert done.cached_tokens == 24
+    np.testing.assert_allclose(got, alone, rtol=0, atol=1e-4)
