@@ -210,3 +210,31 @@ def test_warm_lane_survives_other_lanes_decode_steps(make_engine):
     got, done = first_logits(engine, prompt)
     assert done.cached_tokens == 24
     np.testing.assert_allclose(got, alone, rtol=0, atol=1e-4)
+
+
+def test_sliding_window_model_resumes_exactly(tmp_path):
+    """Gemma 3's sliding layers (window 8 here): a resumed prompt, 300 shared tokens in, gets the
+    logits and tokens it gets alone (the sliding mask counts absolute positions, not the resume point)."""
+    folder = make_tiny_model("gemma3", tmp_path / "hf", max_position_embeddings=4096)
+    calbin = compile_calbin(str(folder), tmp_path / "model.calbin",
+                            CompileOptions(lanes=2, context=512, prefill_chunks=(16, 128)), log=lambda _m: None)
+    engines = []
+    try:
+        for on in (False, True):
+            device = Device()
+            device.configure(device.load(calbin))
+            engine = Engine(device, TextTokenizer.from_program(device.program), EngineConfig(prefix_cache=on))
+            engine.start()
+            engines.append(engine)
+        plain, cached = engines
+        for engine in engines:
+            run_one(engine, SHARED[:300] + SUFFIXES[2])
+        prompt = SHARED[:300] + SUFFIXES[0]
+        (want, _), (got, done) = first_logits(plain, prompt), first_logits(cached, prompt)
+        assert done.cached_tokens == 300
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+        assert run_one(cached, prompt, 20)[0] == run_one(plain, prompt, 20)[0]
+    finally:
+        for engine in engines:
+            engine.stop()
+            engine.device.close()
