@@ -55,3 +55,17 @@ def test_config_refuses_a_chip_that_does_not_exist_and_duplicate_names():
         ServerConfig(models=(ModelSpec("/x/a.calbin"), ModelSpec("/y/a.calbin")))
     assert "two models are named 'a'" in exc.value.message
     assert ServerConfig().model_specs() == (ServerConfig().model_spec(),)   # no args: the default model alone
+
+
+def test_prefix_cache_from_the_flag_and_per_model_in_toml(tmp_path):
+    """--no-prefix-cache reaches every model's engine; a models.toml table may switch it per model."""
+    assert ServerConfig().model_spec().engine_config().prefix_cache is True
+    base = ServerConfig(prefix_cache=False).model_spec()
+    assert base.engine_config().prefix_cache is False
+    path = tmp_path / "models.toml"
+    path.write_text('[[model]]\nname = "a"\nprefix_cache = true\n[[model]]\nname = "b"\n')
+    a, b = read_models_toml(str(path), base)
+    assert a.engine_config().prefix_cache is True and b.engine_config().prefix_cache is False
+    path.write_text('[[model]]\nname = "a"\nprefix_cache = "no"\n')
+    with pytest.raises(RequestError, match="prefix_cache must be true or false"):
+        read_models_toml(str(path), base)
