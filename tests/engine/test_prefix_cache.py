@@ -11,7 +11,7 @@ from calculet.runtime.lanes import Lanes
 
 
 def make_lanes(count=3, context=256) -> Lanes:
-    return Lanes(KVLayout("BNSH", "float32", 1, count, 1, context, 2, True))
+    return Lanes(KVLayout("BNSH", "float32", 1, count, 1, context, 2, True, (context,)))
 
 
 def finish(cache: PrefixCache, tokens, cached_ok=True) -> int:
