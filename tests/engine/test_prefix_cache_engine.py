@@ -213,8 +213,9 @@ def test_warm_lane_survives_other_lanes_decode_steps(make_engine):
 
 
 def test_sliding_window_model_resumes_exactly(tmp_path):
-    """Gemma 3's sliding layers (window 8 here): a resumed prompt, 300 shared tokens in, gets the
-    logits and tokens it gets alone (the sliding mask counts absolute positions, not the resume point)."""
+    """Gemma 3's sliding layers (window 8 here, KV in rings): a resumed prompt, 300 shared tokens in,
+    gets the logits and tokens it gets alone; a match further back than `Program.max_rewind` is not
+    reused."""
     folder = make_tiny_model("gemma3", tmp_path / "hf", max_position_embeddings=4096)
     calbin = compile_calbin(str(folder), tmp_path / "model.calbin",
                             CompileOptions(lanes=2, context=512, prefill_chunks=(16, 128)), log=lambda _m: None)
@@ -234,6 +235,12 @@ def test_sliding_window_model_resumes_exactly(tmp_path):
         assert done.cached_tokens == 300
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
         assert run_one(cached, prompt, 20)[0] == run_one(plain, prompt, 20)[0]
+        # window-sized rings (window 8 + chunk 128 rows): a lane of ~340 tokens cannot go back to 150
+        rewind = cached.device.program.max_rewind
+        assert rewind is not None and rewind < 340 - 150
+        far = SHARED[:150] + SUFFIXES[1]
+        tokens, done = run_one(cached, far)
+        assert done.cached_tokens == 0 and tokens == run_one(plain, far)[0]
     finally:
         for engine in engines:
             engine.stop()
