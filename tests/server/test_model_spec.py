@@ -71,3 +71,17 @@ def test_step_budget_and_in_flight_reach_each_models_engine(tmp_path):
     path.write_text('[[model]]\ncalbin = "/x/c.calbin"\nin_flight = 3\n')
     with pytest.raises(RequestError, match="--in-flight must be 1 or 2"):
         read_models_toml(str(path), base)
+
+
+def test_prefix_cache_from_the_flag_and_per_model_in_toml(tmp_path):
+    """--no-prefix-cache reaches every model's engine; a models.toml table may switch it per model."""
+    assert ServerConfig().model_spec().engine_config().prefix_cache is True
+    base = ServerConfig(prefix_cache=False).model_spec()
+    assert base.engine_config().prefix_cache is False
+    path = tmp_path / "models.toml"
+    path.write_text('[[model]]\nname = "a"\nprefix_cache = true\n[[model]]\nname = "b"\n')
+    a, b = read_models_toml(str(path), base)
+    assert a.engine_config().prefix_cache is True and b.engine_config().prefix_cache is False
+    path.write_text('[[model]]\nname = "a"\nprefix_cache = "no"\n')
+    with pytest.raises(RequestError, match="prefix_cache must be true or false"):
+        read_models_toml(str(path), base)

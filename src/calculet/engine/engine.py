@@ -21,6 +21,10 @@ device fences its stuck worker off (`Device.fence`), so a late result never land
 held a lane is sent back to the queue and re-prefills its prompt plus the output it already has,
 then continues where it stopped (its sampler state is kept). Nothing the caller already received is
 taken back. Health reads false from the failed job until the reset is done.
+
+Lanes come and go through the prefix cache (engine/prefix_cache.py, `EngineConfig.prefix_cache`):
+a finished sequence leaves its lane warm, and a new one whose tokens start the same way prefills only
+the rest; a reset forgets every warm lane.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import numpy as np
 
 from calculet.engine.logprobs import token_logprob
 from calculet.engine.observer import EngineObserver
+from calculet.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from calculet.engine.requests import (Event, GenerationRequest, RequestDone, RequestFailed, RequestState, Sequence,
                                       SequenceDelta)
 from calculet.engine.pipeline import IN_FLIGHT, JobPipeline, StepJob
@@ -66,6 +71,7 @@ class EngineConfig:
     in_flight: int = 2                # device jobs queued at once: 1 = immediate wait, 2 = ping/pong
     request_timeout_s: float | None = None
     job_timeout_s: float = JOB_TIMEOUT_S     # the longest one device job may take before it counts as failed
+    prefix_cache: bool = True                # finished lanes stay warm; a prompt resumes from a matching prefix
 
     def __post_init__(self):
         if self.max_queue < 0:
@@ -90,8 +96,9 @@ class EngineSnapshot:
     waiting: int               # requests waiting for a lane
     waiting_sequences: int     # their sequences (one lane each)
     lanes_in_use: int
-    lanes_free: int
+    lanes_free: int            # warm lanes included: any request may take them
     lanes_total: int
+    prefix_cache: PrefixCacheStats = PrefixCacheStats()
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,8 @@ class Engine:
         self.vocab_size = device.program.vocab_size
         self.candidates = device.program.candidates   # K of the on-graph sampling head, 0 without one
         self.budget = StepBudget(self.config.max_prefill_tokens, self.config.step_token_budget)
-        self.scheduler = Scheduler(device.lanes, device.program.chunk_sizes, self.budget)
+        self.prefix_cache = PrefixCache(device.lanes, self.config.prefix_cache, device.program.max_rewind)
+        self.scheduler = self._new_scheduler()
         self.pipeline = JobPipeline(device, self.config.in_flight, self.config.job_timeout_s)
         self.state = "ready"
         self._cond = threading.Condition()
@@ -126,6 +134,9 @@ class Engine:
         self._draining = False                        # set by begin_drain(): no new requests
         self._thread: threading.Thread | None = None
         self._snapshot = self._take_snapshot()
+
+    def _new_scheduler(self) -> Scheduler:
+        return Scheduler(self.lanes, self.device.program.chunk_sizes, self.budget, self.prefix_cache)
 
     # --- caller side (any thread) --------------------------------------------------------
     def start(self) -> None:
@@ -400,7 +411,8 @@ class Engine:
                 seq.finish_reason = reason
                 self.scheduler.finish(seq)
                 if all(x.finished for x in state.sequences):
-                    self._end(state, reason, RequestDone(len(req.prompt_ids), state.completion_tokens(), state.timings(now)))
+                    self._end(state, reason, RequestDone(len(req.prompt_ids), state.completion_tokens(), state.timings(now),
+                                                         state.cached_tokens()))
         if gaps:
             self.observer.inter_token(gaps)
 
@@ -432,6 +444,7 @@ class Engine:
         self._reset_device()
 
     def _reset_device(self) -> None:
+        self.prefix_cache.clear()   # a reset (or the fence before it) leaves no warm KV
         t0 = time.perf_counter()
         try:
             self.device.reset()
@@ -454,7 +467,7 @@ class Engine:
             state.emit(RequestFailed(error))
             self.observer.finished("error", time.perf_counter() - state.arrived)
         self._live.clear()
-        self.scheduler = Scheduler(self.lanes, self.device.program.chunk_sizes, self.budget)
+        self.scheduler = self._new_scheduler()
         self.state = "recovering"
         self._reset_device()
 
@@ -466,7 +479,8 @@ class Engine:
     def _take_snapshot(self) -> EngineSnapshot:
         free = self.lanes.free_count()
         return EngineSnapshot(self.state, self.scheduler.running_requests(), self.scheduler.waiting_requests(),
-                              len(self.scheduler.waiting), self.lanes.count - free, free, self.lanes.count)
+                              len(self.scheduler.waiting), self.lanes.count - free, free, self.lanes.count,
+                              self.prefix_cache.stats())
 
     def _publish(self) -> None:
         snap = self._take_snapshot()

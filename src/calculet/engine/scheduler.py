@@ -13,6 +13,10 @@ that, so no decoding stream waits a whole burst of prefill. A larger slice gets 
 the decode batch in fewer steps (throughput, TTFT); a smaller one keeps inter-token latency steady:
 vLLM's max_num_batched_tokens trade-off. Chunks are planned every step from where each prompt
 stands. A sequence keeps its lane until it finishes; `finish` is the only way a lane is given back.
+
+Lanes are got and given back through the prefix cache (engine/prefix_cache.py): admission may get a
+warm lane that already holds the sequence's first tokens (prefill starts after them), and a sequence
+that finished normally leaves its lane warm.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 
+from calculet.engine.prefix_cache import PrefixCache
 from calculet.engine.requests import RequestState, Sequence
 from calculet.engine.step_policy import StepBudget
 from calculet.runtime.chunking import plan_chunks
@@ -52,8 +57,10 @@ def _plan(n_tokens: int, start: int, sizes: tuple[int, ...], context: int) -> tu
 
 
 class Scheduler:
-    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...], budget: StepBudget):
+    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...], budget: StepBudget,
+                 cache: PrefixCache | None = None):
         self.lanes = lanes
+        self.cache = cache if cache is not None else PrefixCache(lanes, enabled=False)
         self.chunk_sizes = tuple(chunk_sizes)
         self.budget = budget
         self.waiting: deque[Sequence] = deque()
@@ -101,10 +108,12 @@ class Scheduler:
 
     def _admit(self, now: float) -> tuple[RequestState, ...]:
         admitted = []
-        while self.waiting and self.lanes.can_allocate():
+        while self.waiting and self.cache.can_allocate():
             seq = self.waiting.popleft()
-            seq.lane = self.lanes.allocate()
-            seq.prefilled = 0
+            tokens = seq.kv_tokens()
+            grant = self.cache.allocate(tokens)
+            seq.lane, seq.prefilled = grant.lane, grant.cached
+            seq.cached_tokens = min(grant.cached, len(seq.state.request.prompt_ids))
             if seq.state.admitted_at is None:
                 seq.state.admitted_at = now
                 admitted.append(seq.state)
@@ -121,12 +130,15 @@ class Scheduler:
 
     # --- leaving -------------------------------------------------------------------------
     def finish(self, seq: Sequence) -> None:
-        """Remove the sequence wherever it is and give its lane back."""
+        """Remove the sequence wherever it is and give its lane back: warm (its KV reusable) when it
+        decoded to a normal end, cold when it was cancelled, timed out or failed."""
+        decoded = seq in self.decoding
         for queue in (self.waiting, self.prefilling, self.decoding):
             if seq in queue:
                 queue.remove(seq)
         if seq.lane is not None:
-            self.lanes.free(seq.lane)
+            valid = decoded and seq.finish_reason in ("stop", "length")
+            self.cache.release(seq.lane, seq.kv_tokens() if valid else None)
             seq.lane = None
 
     def requeue(self, seqs: list[Sequence]) -> None:

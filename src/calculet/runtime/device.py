@@ -306,9 +306,10 @@ class Device:
             ids, seqlens = b.inputs["input_ids"], b.inputs["seqlens_k"]
             ids.fill(0)
             # Rows of this graph not in the job still get a write: aim it at their next free position,
-            # which the lane's next real step overwrites (free lanes: position 0).
+            # which the lane's next real step overwrites (free lanes: position 0; a free lane that keeps
+            # its KV for the prefix cache: just past what it keeps).
             for lane in range(graph.lanes):
-                seqlens[lane] = min(lanes.length(lane), context - 1) if lanes.in_use(lane) else 0
+                seqlens[lane] = min(lanes.length(lane), context - 1)
             rows = list(job_lanes)
             ids[rows, 0] = tokens
             if "total_seq_len" in b.inputs:

@@ -59,6 +59,9 @@ def add_server_arguments(p) -> None:
     p.add_argument("--job-timeout", type=float, default=ServerConfig.job_timeout_s, metavar="S",
                    help="a device job running longer than S seconds counts as hung: its requests fail with a device "
                         "error and a fresh worker takes over (default %(default)s)")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="do not keep finished sequences' KV for reuse: every prompt is prefilled in full (default: a "
+                        "prompt that starts like a finished one resumes from its lane's KV)")
     from calculet.runtime.providers import add_provider_arguments
 
     add_provider_arguments(p)
@@ -86,7 +89,7 @@ def server_config(args) -> ServerConfig:
                           provider_options=parse_provider_options(args.provider_option), max_body_bytes=args.max_body_bytes,
                           drain_timeout_s=args.drain_timeout, job_timeout_s=args.job_timeout, chips=args.chips,
                           chip_memory=parse_bytes(args.chip_memory) if args.chip_memory else None,
-                          admin_key=args.admin_key)
+                          admin_key=args.admin_key, prefix_cache=args.prefix_cache)
     specs: tuple[ModelSpec, ...] = ()
     if args.models:
         specs = read_models_toml(args.models, config.model_spec())

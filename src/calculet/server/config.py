@@ -36,6 +36,7 @@ class ServerConfig:
     chips: int = 1                         # chips the server places models on (server/placement.py)
     chip_memory: int | None = None         # bytes each chip may hold; None: unlimited
     admin_key: str | None = None           # key of /admin/*; None: the API key; neither: admin is off
+    prefix_cache: bool = True              # --no-prefix-cache turns it off
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -79,7 +80,8 @@ class ServerConfig:
                 f"provider={self.provider!r}, provider_options={self.provider_options!r}, "
                 f"max_body_bytes={self.max_body_bytes}, drain_timeout_s={self.drain_timeout_s}, job_timeout_s={self.job_timeout_s}, "
                 f"models={self.models!r}, chips={self.chips}, chip_memory={self.chip_memory}, "
-                f"admin_key={'set' if self.admin_key else None})")
+                f"admin_key={'set' if self.admin_key else None}, "
+                f"prefix_cache={self.prefix_cache})")
 
     def device_config(self):
         """The runtime's share: provider, its options and threads (validated by DeviceConfig)."""
@@ -93,7 +95,8 @@ class ServerConfig:
 
         return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
                             step_token_budget=self.step_token_budget, in_flight=self.in_flight,
-                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s)
+                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s,
+                            prefix_cache=self.prefix_cache)
 
     @property
     def url(self) -> str:
@@ -107,7 +110,8 @@ class ServerConfig:
         return ModelSpec(source=source, name=name, chat_template=self.chat_template, max_queue=self.max_queue,
                          max_prefill_tokens=self.max_prefill_tokens, step_token_budget=self.step_token_budget,
                          in_flight=self.in_flight, request_timeout_s=self.request_timeout_s,
-                         job_timeout_s=self.job_timeout_s)
+                         job_timeout_s=self.job_timeout_s,
+                         prefix_cache=self.prefix_cache)
 
     def model_specs(self) -> tuple:
         """The models to serve at start: `models`, else the one given as `model` (or the default model)."""

@@ -16,7 +16,7 @@ import threading
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from calculet.engine.observer import EngineObserver
@@ -36,6 +36,13 @@ _SNAPSHOT_GAUGES = (
     ("calculet_lanes_in_use", "KV lanes in use", "lanes_in_use"),
     ("calculet_lanes_free", "KV lanes free", "lanes_free"),
     ("calculet_lanes_total", "KV lanes of the loaded calbin", "lanes_total"),
+)
+# counter name (without _total), help, PrefixCacheStats field; read from the engine's snapshot
+_PREFIX_COUNTERS = (
+    ("calculet_prefix_cache_lookups", "Admissions that looked for a warm lane holding their prompt's prefix", "lookups"),
+    ("calculet_prefix_cache_hits", "Admissions that resumed from a warm lane's KV", "hits"),
+    ("calculet_prefix_cache_tokens_saved", "Prompt tokens not prefilled because the prefix cache held their KV",
+     "tokens_saved"),
 )
 
 
@@ -65,6 +72,16 @@ class _ScrapeGauges:
             for name, snap in snapshots.items():
                 family.add_metric((name,), float(getattr(snap, field, 0) or 0))
             yield family
+        for gauge, help_text, field in _PREFIX_COUNTERS:
+            family = CounterMetricFamily(gauge, help_text, labels=("model",))
+            for name, snap in snapshots.items():
+                family.add_metric((name,), float(getattr(getattr(snap, "prefix_cache", None), field, 0)))
+            yield family
+        warm = GaugeMetricFamily("calculet_lanes_warm", "Free KV lanes that keep a finished sequence's KV for the "
+                                 "prefix cache", labels=("model",))
+        for name, snap in snapshots.items():
+            warm.add_metric((name,), float(getattr(getattr(snap, "prefix_cache", None), "warm", 0)))
+        yield warm
         efficiency = GaugeMetricFamily("calculet_device_padding_efficiency",
                                        "Useful tokens / computed tokens since start (1 = no padding waste)",
                                        labels=("model", "kind"))
