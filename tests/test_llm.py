@@ -133,3 +133,19 @@ def test_a_two_chip_calbin_generates_the_one_chip_text(llm, tiny_calbin, partiti
         assert len(two._device.chips) == 2 and two._device.collectives is not None
         got = [o.outputs[0].token_ids for o in two.generate(PROMPTS[:4], params)]
     assert got == [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:4], params)]
+
+
+def test_prefix_cache_option_and_cached_tokens_in_usage(llm, tiny_calbin):
+    """LLM(prefix_cache=False) turns the cache off; with it on (the default) a prompt that extends a
+    finished one reports its reused tokens in `usage.cached_tokens` and gets the same tokens."""
+    ids = list(llm.encode("The quick brown fox jumps over the lazy dog again and again"))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    first = llm.generate(ids, params)[0]
+    longer = ids + list(first.outputs[0].token_ids) + ids[1:5]
+    hit = llm.generate(longer, params)[0]
+    assert hit.usage.cached_tokens >= len(ids)
+    with LLM(tiny_calbin("llama"), prefix_cache=False) as plain:
+        plain.generate(ids, params)
+        miss = plain.generate(longer, params)[0]
+        assert miss.usage.cached_tokens == 0 and miss.outputs[0].token_ids == hit.outputs[0].token_ids
+        assert plain._device.lanes.free_count() == plain.lanes

@@ -48,8 +48,11 @@ class LLMOptions:
     chips: int | None = None                   # compile: split over this many chips (needs partition)
     partition: str | None = None               # compile: "pp" or "tp" (calbin/partition.py)
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
+    step_token_budget: int = 64                # engine: decode rows + prompt tokens per step while decoding; 0: none
+    in_flight: int = 2                         # engine: device jobs in flight, 1 (immediate wait) or 2 (ping/pong)
     max_queue: int | None = None               # engine: waiting sequences; None = no limit
     request_timeout_s: float | None = None     # engine: per-request time limit; None = none
+    prefix_cache: bool = True                  # engine: resume prompts from finished sequences' KV
 
     def __post_init__(self):
         if self.prefill_chunks is not None:
@@ -72,7 +75,9 @@ class LLMOptions:
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_queue=UNBOUNDED_QUEUE if self.max_queue is None else self.max_queue,
-                            max_prefill_tokens=self.max_prefill_tokens, request_timeout_s=self.request_timeout_s)
+                            max_prefill_tokens=self.max_prefill_tokens, step_token_budget=self.step_token_budget,
+                            in_flight=self.in_flight, request_timeout_s=self.request_timeout_s,
+                            prefix_cache=self.prefix_cache)
 
 
 def _options(given: dict) -> LLMOptions:

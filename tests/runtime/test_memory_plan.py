@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calculet.calbin.graphspec import PREFILL
+from calculet.calbin.memory_plan import STAGING_SLOTS
 from calculet.runtime.device import Device
 from calculet.runtime.jobs import DecodeJob, PrefillJob
 
@@ -12,8 +13,9 @@ from calculet.runtime.jobs import DecodeJob, PrefillJob
 @pytest.mark.parametrize("target", ["cpu", "portable"])
 def test_runtime_allocates_what_the_plan_states(tiny_model_dir, tmp_path, target):
     """Guards against a plan that describes buffers the runtime never allocates (the old ping/pong
-    regions): after every graph has run on every lane it can, the KV arrays, the mapped weights and
-    each graph's IO-binding arrays add up to the plan's numbers exactly."""
+    regions), and against one that forgets the second staging set two jobs in flight need: after
+    every graph has run on every lane it can, in both staging slots, the KV arrays, the mapped
+    weights and each graph's IO-binding arrays add up to the plan's numbers exactly."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
@@ -25,25 +27,27 @@ def test_runtime_allocates_what_the_plan_states(tiny_model_dir, tmp_path, target
     try:
         plan = d.program.manifest.memory_plan
         lanes = [d.lanes.allocate() for _ in range(d.lanes.count)]
-        for lane in lanes:                      # every prefill graph on every first lane
-            for size in d.program.chunk_sizes:
-                d.run(PrefillJob(lane, tuple(range(5, 5 + size)), want_logits=False), 30)
-        for n in (1, 2, 3):                     # every decode graph (and its head)
-            d.run(DecodeJob(tuple(lanes[:n]), tuple(range(7, 7 + n))), 30)
+        for slot in range(STAGING_SLOTS):
+            for lane in lanes:                      # every prefill graph on every first lane
+                for size in d.program.chunk_sizes:
+                    d.run(PrefillJob(lane, tuple(range(5, 5 + size)), want_logits=False, slot=slot), 30)
+                d.lanes.clear(lane)
+            for n in (1, 2, 3):                     # every decode graph (and its head)
+                d.run(DecodeJob(tuple(lanes[:n]), tuple(range(7, 7 + n)), slot=slot), 30)
 
         assert d.lanes.nbytes == plan.kv.total_bytes
         assert d.program._weights.nbytes == plan.weights_bytes
         staging = {s.graph: s for s in plan.staging}
         assert set(staging) == {g.name for g in d.program.graphs}
         made: dict[str, list[int]] = {}
-        for (name, _lane), b in d._bindings.items():
+        for (name, _lane, _slot), b in d._bindings.items():
             made.setdefault(name, []).append(sum(a.nbytes for a in (*b.inputs.values(), *b.new_kv.values())))
-        for rows, h in d._heads.items():
+        for (_rows, _slot), h in d._heads.items():
             made.setdefault(h.graph.name, []).append(h.hidden.nbytes + sum(a.nbytes for a in h.outputs.values()))
         for g in d.program.graphs:
             s = staging[g.name]
             assert made[g.name] == [s.binding_bytes] * len(made[g.name]), g.name
-            want = d.lanes.count if g.type == PREFILL else 1
+            want = STAGING_SLOTS * (d.lanes.count if g.type == PREFILL else 1)
             assert len(made[g.name]) == s.bindings == want, g.name
         assert plan.total_bytes == plan.weights_bytes + plan.kv.total_bytes + sum(s.total_bytes for s in plan.staging)
     finally:

@@ -12,6 +12,8 @@ from calculet.server.config import ServerConfig
     ({"port": 70000}, "--port", "0..65535"),
     ({"max_queue": -1}, "--max-queue", ">= 0"),
     ({"max_prefill_tokens": 0}, "--max-prefill-tokens", ">= 1"),
+    ({"step_token_budget": -1}, "--step-token-budget", "0 for none"),
+    ({"in_flight": 3}, "--in-flight", "1 or 2"),
     ({"request_timeout_s": 0.0}, "--request-timeout", "> 0"),
     ({"threads": -2}, "--threads", ">= 0"),
     ({"api_key": " "}, "--api-key", "empty"),
@@ -28,3 +30,14 @@ def test_bad_option_names_flag_and_limit(kwargs, flag, allowed):
 def test_repr_hides_the_key_and_shows_the_budget():
     text = repr(ServerConfig(api_key="secret", max_prefill_tokens=256))
     assert "secret" not in text and "max_prefill_tokens=256" in text
+
+
+def test_engine_defaults_are_the_flags_defaults():
+    """Guards against the server, the Python API and the engine drifting apart on the mixed-step
+    budget and the in-flight depth (each repeats the default so `serve --help` stays light)."""
+    from calculet.engine.engine import EngineConfig
+    from calculet.llm import LLMOptions
+
+    engine = EngineConfig()
+    for config in (ServerConfig().engine_config(), LLMOptions().engine_config()):
+        assert (config.step_token_budget, config.in_flight) == (engine.step_token_budget, engine.in_flight) == (64, 2)

@@ -92,3 +92,15 @@ def test_each_server_has_its_own_registry():
     a.for_model("m").finished("length", 1.0)
     assert samples(a.render())['calculet_requests_total{model="m",outcome="length"}'] == 1
     assert 'calculet_requests_total{model="m",outcome="length"}' not in samples(b.render())
+
+
+def test_step_mix_is_exposed():
+    """The mixed-step budget shows in /metrics: prompt tokens and decode rows per engine step, per model."""
+    m = ServerMetrics()
+    for prefill, rows in ((512, 0), (48, 8), (0, 8)):
+        m.for_model("m").step(prefill, rows)
+    s = samples(m.render())
+    assert s['calculet_step_prefill_tokens_count{model="m"}'] == 3 and s['calculet_step_prefill_tokens_sum{model="m"}'] == 560
+    assert s['calculet_step_prefill_tokens_bucket{le="0.0",model="m"}'] == 1
+    assert s['calculet_step_prefill_tokens_bucket{le="64.0",model="m"}'] == 2
+    assert s['calculet_step_decode_rows_bucket{le="0.0",model="m"}'] == 1 and s['calculet_step_decode_rows_sum{model="m"}'] == 16

@@ -55,3 +55,33 @@ def test_config_refuses_a_chip_that_does_not_exist_and_duplicate_names():
         ServerConfig(models=(ModelSpec("/x/a.calbin"), ModelSpec("/y/a.calbin")))
     assert "two models are named 'a'" in exc.value.message
     assert ServerConfig().model_specs() == (ServerConfig().model_spec(),)   # no args: the default model alone
+
+
+def test_step_budget_and_in_flight_reach_each_models_engine(tmp_path):
+    """Guards against the serve flags --step-token-budget / --in-flight being dropped on the way to a
+    model's engine (the server builds engines from ModelSpecs); models.toml may set them per model."""
+    path = tmp_path / "models.toml"
+    path.write_text('[[model]]\nname = "a"\ncalbin = "/x/a.calbin"\nin_flight = 2\n'
+                    '[[model]]\nname = "b"\ncalbin = "/x/b.calbin"\nstep_token_budget = 0\n')
+    base = ServerConfig(step_token_budget=32, in_flight=1).model_spec()
+    assert (base.engine_config().step_token_budget, base.engine_config().in_flight) == (32, 1)
+    a, b = read_models_toml(str(path), base)
+    assert (a.engine_config().step_token_budget, a.engine_config().in_flight) == (32, 2)
+    assert (b.engine_config().step_token_budget, b.engine_config().in_flight) == (0, 1)
+    path.write_text('[[model]]\ncalbin = "/x/c.calbin"\nin_flight = 3\n')
+    with pytest.raises(RequestError, match="--in-flight must be 1 or 2"):
+        read_models_toml(str(path), base)
+
+
+def test_prefix_cache_from_the_flag_and_per_model_in_toml(tmp_path):
+    """--no-prefix-cache reaches every model's engine; a models.toml table may switch it per model."""
+    assert ServerConfig().model_spec().engine_config().prefix_cache is True
+    base = ServerConfig(prefix_cache=False).model_spec()
+    assert base.engine_config().prefix_cache is False
+    path = tmp_path / "models.toml"
+    path.write_text('[[model]]\nname = "a"\nprefix_cache = true\n[[model]]\nname = "b"\n')
+    a, b = read_models_toml(str(path), base)
+    assert a.engine_config().prefix_cache is True and b.engine_config().prefix_cache is False
+    path.write_text('[[model]]\nname = "a"\nprefix_cache = "no"\n')
+    with pytest.raises(RequestError, match="prefix_cache must be true or false"):
+        read_models_toml(str(path), base)

@@ -1,5 +1,6 @@
-"""`calculet bench run | report | compare | soak`: measure any OpenAI-compatible server from the client side
-(soak: our own server, started as a child process, under mixed traffic for a duration)."""
+"""`calculet bench run | report | compare | soak | scenario | ttft-plot`: measure any OpenAI-compatible server
+from the client side (soak: our own server, started as a child process, under mixed traffic for a duration;
+scenario: TTFT against prompt length or chat turn, plotted side by side by ttft-plot)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ Lists (comma-separated) sweep: --concurrency 1,8 or --rate 1,2,4; --prompt-token
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="benchmark an OpenAI-compatible server",
                                   description=__doc__.splitlines()[0])
-    sub = bench.add_subparsers(dest="bench_command", metavar="{run,report,compare,soak}")
+    sub = bench.add_subparsers(dest="bench_command", metavar="{run,report,compare,soak,scenario,ttft-plot}")
     bench.set_defaults(func=lambda args: (bench.print_help(), 2)[1])
 
     run = sub.add_parser("run", help="run a load test", description=_RUN_HELP)
@@ -82,6 +83,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument("--out", type=Path, help="also write the table to this Markdown file")
     compare.set_defaults(func=_compare)
 
+    from calculet.bench.scenarios import SCENARIOS, ScenarioConfig
+
+    sc = sub.add_parser("scenario", help="TTFT against prompt length (long-prompt) or chat turn (multi-turn), one "
+                        "request at a time")
+    sc.add_argument("name", choices=SCENARIOS)
+    sc.add_argument("--url", required=True, help="server base URL (with or without /v1)")
+    sc.add_argument("--model", required=True, help="model name to send")
+    sc.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    sc.add_argument("--label", help="name of this server in tables and plots (default: its URL)")
+    sc.add_argument("--out", type=Path, help="run directory (default: calculet-bench/<scenario>-<time>)")
+    sc.add_argument("--output-tokens", type=int, default=ScenarioConfig.output_tokens,
+                    help="tokens out per request (default %(default)s)")
+    sc.add_argument("--seed", type=int, default=0)
+    sc.add_argument("--timeout", type=float, default=ScenarioConfig.timeout_s, help="seconds per request")
+    sc.add_argument("--buckets", help="long-prompt: prompt lengths, comma-separated (default: 128, 256, … below the "
+                    "context, plus one near it)")
+    sc.add_argument("--repeats", type=int, default=ScenarioConfig.repeats, help="long-prompt: prompts per bucket")
+    sc.add_argument("--max-context", type=int, help="long-prompt: the context, when the server does not say")
+    sc.add_argument("--tokenizer", type=Path, help="long-prompt: tokenizer.json (default: the server's /tokenize)")
+    sc.add_argument("--turns", type=int, default=ScenarioConfig.turns, help="multi-turn: turns per conversation")
+    sc.add_argument("--words", type=int, default=ScenarioConfig.words, help="multi-turn: new words per turn")
+    sc.add_argument("--conversations", type=int, default=ScenarioConfig.conversations,
+                    help="multi-turn: conversations, one after another")
+    sc.set_defaults(func=_scenario)
+
+    tp = sub.add_parser("ttft-plot", help="runs of one scenario side by side: a TTFT plot and a Markdown table")
+    tp.add_argument("runs", type=Path, nargs="+", help="scenario run directories")
+    tp.add_argument("--out", type=Path, default=Path("ttft.png"), help="PNG to write (default %(default)s)")
+    tp.set_defaults(func=_ttft_plot)
+
 
 def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     """Scenario-file values overridden by the flags that were given."""
@@ -127,6 +158,29 @@ def _compare(args: argparse.Namespace) -> int:
     print(text)
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+def _scenario(args: argparse.Namespace) -> int:
+    import time
+
+    from calculet.bench.scenarios import ScenarioConfig, run_scenario
+
+    buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else None
+    out = args.out or Path("calculet-bench") / f"{args.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    config = ScenarioConfig(args.name, args.url, args.model, out, label=args.label, api_key=args.api_key,
+                            timeout_s=args.timeout, seed=args.seed, output_tokens=args.output_tokens, buckets=buckets,
+                            repeats=args.repeats, max_context=args.max_context, tokenizer=args.tokenizer,
+                            turns=args.turns, words=args.words, conversations=args.conversations)
+    print(f"records: {run_scenario(config)}")
+    return 0
+
+
+def _ttft_plot(args: argparse.Namespace) -> int:
+    from calculet.bench.scenarios import plot_ttft, read_series, ttft_table
+
+    print(ttft_table([read_series(r) for r in args.runs]))
+    print(f"plot: {plot_ttft(args.runs, args.out)}")
     return 0
 
 

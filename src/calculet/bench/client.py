@@ -44,8 +44,9 @@ def _chunk_text(choice: dict[str, Any]) -> str:
 class _Stream:
     """Accumulates the facts of one event stream into a StreamResult."""
 
-    def __init__(self, result: StreamResult):
+    def __init__(self, result: StreamResult, on_chunk: Callable[[dict[str, Any]], None] | None = None):
         self.result = result
+        self.on_chunk = on_chunk
         self.done_marker = False
         self.text_chunks = 0
         self.usage_tokens: int | None = None
@@ -60,6 +61,8 @@ class _Stream:
             raise ValueError(f"chunk is not an object: {data[:80]}")
         if "error" in chunk and not chunk.get("choices"):
             raise _ServerStreamError(str(chunk["error"])[:_ERROR_CHARS])
+        if self.on_chunk is not None:
+            self.on_chunk(chunk)
         for choice in chunk.get("choices") or []:
             text = _chunk_text(choice)
             if text:
@@ -98,15 +101,16 @@ MAX_ATTEMPTS = 3
 
 
 async def stream_request(http: httpx.AsyncClient, url: str, body: dict[str, Any],
-                         clock: Callable[[], int]) -> StreamResult:
-    """Send one streaming request; `clock()` gives nanoseconds on the run's monotonic clock.
+                         clock: Callable[[], int], on_chunk: Callable[[dict[str, Any]], None] | None = None) -> StreamResult:
+    """Send one streaming request; `clock()` gives nanoseconds on the run's monotonic clock;
+    `on_chunk(chunk)` sees every parsed chunk (the text and usage a caller wants to keep).
 
     A request the server closed without any response ("disconnected") is retried on a new
     connection, up to MAX_ATTEMPTS in all; the record then holds the last attempt's times and
     `attempts` says how many were made."""
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result = StreamResult(t_sent_ns=clock(), attempts=attempt)
-        stream = _Stream(result)
+        stream = _Stream(result, on_chunk)
         failure = await _read_stream(http, url, body, clock, stream)
         if failure is None or failure[0] != "disconnected" or attempt == MAX_ATTEMPTS:
             break

@@ -8,7 +8,8 @@
                 x head_dim x dtype bytes
     staging     per graph, the arrays of its IO bindings (runtime/bindings.py): every input and output
                 but the KV views (and a body's `hidden`, which is its head's input array); a prefill
-                graph may get one binding per first lane, a decode or head graph one
+                graph may get one binding per first lane and staging slot, a decode or head graph one
+                per slot (STAGING_SLOTS: ping and pong, for two jobs in flight)
     total       weights + kv + staging: the upper bound of what calculet itself holds
     workspace   ONNX Runtime's activations for the largest graph call: an ESTIMATE, not allocated by
                 calculet and not part of total_bytes
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 UNIT = "bytes"
+STAGING_SLOTS = 2   # staging sets the runtime keeps per binding, so two jobs in flight own separate buffers
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The runtime does not read the plan; it is built here from the same facts the runtime allocates
 from (the KV layout, each graph's signature, runtime/bindings.py's rule of one binding per prefill
-graph and first lane), and gate D holds the two together. The workspace is an estimate
+graph, first lane and staging slot), and gate D holds the two together. The workspace is an estimate
 (compiler/workspace.py, the formula `calculet plan` uses too).
 """
 
@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from calculet.calbin.graphspec import PREFILL, GraphSpec
 from calculet.calbin.manifest import KVLayout
-from calculet.calbin.memory_plan import KVBuffers, KVGroup, MemoryPlan, Staging
+from calculet.calbin.memory_plan import STAGING_SLOTS, KVBuffers, KVGroup, MemoryPlan, Staging
 from calculet.compiler.workspace import workspace_bytes
 from calculet.models.base import ModelSpec
 
 
 def bindings_for(graph: GraphSpec, kv: KVLayout) -> int:
-    """IO bindings the runtime may create for a graph: a prefill graph one per first lane, others one."""
-    return kv.lanes if graph.type == PREFILL else 1
+    """IO bindings the runtime may create for a graph: per staging slot (ping and pong), a prefill
+    graph one per first lane, others one."""
+    return STAGING_SLOTS * (kv.lanes if graph.type == PREFILL else 1)
 
 
 def kv_buffers_of(kv: KVLayout) -> KVBuffers:

@@ -8,16 +8,23 @@
 
 This is the one generation loop: the server, `calculet.LLM`, `calculet run` and the golden check all
 submit requests here (in-process callers through `engine/local.py`). Every step reads:
-schedule -> run -> sample -> emit. Sequences join and leave the decode batch at
-every step; prompts are prefilled in chunks, up to `max_prefill_tokens` per step, before that step's
-decode.
+schedule -> run -> sample -> emit, once per device job. Sequences join and leave the decode batch at
+every step. A step is mixed: one decode job over every decoding sequence, then a bounded slice of
+prompt chunks (engine/step_policy.py: `max_prefill_tokens`, and `step_token_budget` decode rows +
+prompt tokens while sequences decode). Jobs run through engine/pipeline.py, `in_flight` deep: with
+2, the host samples and streams one job's rows while the device runs the next.
 
 Device errors: the requests whose job failed (the decode batch, or the sequence being prefilled)
-fail with the device error. A job past `job_timeout_s` is a device error too (job_timeout): the
+fail with the device error; tokens of the step's earlier jobs were already sent, later results are
+dropped. A job past `job_timeout_s` is a device error too (job_timeout): the
 device fences its stuck worker off (`Device.fence`), so a late result never lands in a lane. `device.reset()` then forgets every lane, so every other sequence that
 held a lane is sent back to the queue and re-prefills its prompt plus the output it already has,
 then continues where it stopped (its sampler state is kept). Nothing the caller already received is
 taken back. Health reads false from the failed job until the reset is done.
+
+Lanes come and go through the prefix cache (engine/prefix_cache.py, `EngineConfig.prefix_cache`):
+a finished sequence leaves its lane warm, and a new one whose tokens start the same way prefills only
+the rest; a reset forgets every warm lane.
 """
 
 from __future__ import annotations
@@ -26,15 +33,18 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from calculet.engine.logprobs import token_logprob
 from calculet.engine.observer import EngineObserver
+from calculet.engine.prefix_cache import PrefixCache, PrefixCacheStats
 from calculet.engine.requests import (Event, GenerationRequest, RequestDone, RequestFailed, RequestState, Sequence,
                                       SequenceDelta)
+from calculet.engine.pipeline import IN_FLIGHT, JobPipeline, StepJob
 from calculet.engine.scheduler import Scheduler, StepPlan
+from calculet.engine.step_policy import DEFAULT_STEP_TOKEN_BUDGET, StepBudget
 from calculet.errors import CalculetError, DeviceError, RequestError
 from calculet.runtime.device import JOB_TIMEOUT_S
 from calculet.runtime.jobs import DecodeJob, JobResult, PrefillJob
@@ -56,14 +66,23 @@ def check_prompt(n_prompt: int, context: int) -> None:
 class EngineConfig:
     max_queue: int = 128              # sequences that may wait for a lane; beyond, submit() says queue_full
     max_prefill_tokens: int = 512     # prompt tokens prefilled per step (at least one chunk runs)
+    step_token_budget: int | None = DEFAULT_STEP_TOKEN_BUDGET   # decode rows + prompt tokens per step while
+                                      # sequences decode (engine/step_policy.py); 0 or None: no such budget
+    in_flight: int = 2                # device jobs queued at once: 1 = immediate wait, 2 = ping/pong
     request_timeout_s: float | None = None
     job_timeout_s: float = JOB_TIMEOUT_S     # the longest one device job may take before it counts as failed
+    prefix_cache: bool = True                # finished lanes stay warm; a prompt resumes from a matching prefix
 
     def __post_init__(self):
         if self.max_queue < 0:
             raise RequestError("bad_option", f"--max-queue must be >= 0, got {self.max_queue}")
         if self.max_prefill_tokens < 1:
             raise RequestError("bad_option", f"--max-prefill-tokens must be >= 1, got {self.max_prefill_tokens}")
+        if self.step_token_budget is not None and self.step_token_budget < 0:
+            raise RequestError("bad_option", f"--step-token-budget must be >= 1 token, or 0 for none, got "
+                               f"{self.step_token_budget}")
+        if self.in_flight not in IN_FLIGHT:
+            raise RequestError("bad_option", f"--in-flight must be 1 or 2, got {self.in_flight}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise RequestError("bad_option", f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}")
         if not self.job_timeout_s > 0:
@@ -77,14 +96,9 @@ class EngineSnapshot:
     waiting: int               # requests waiting for a lane
     waiting_sequences: int     # their sequences (one lane each)
     lanes_in_use: int
-    lanes_free: int
+    lanes_free: int            # warm lanes included: any request may take them
     lanes_total: int
-
-
-@dataclass
-class StepResults:
-    prefill: list = field(default_factory=list)   # (PrefillWork, JobResult), in the order they ran
-    decode: JobResult | None = None
+    prefix_cache: PrefixCacheStats = PrefixCacheStats()
 
 
 @dataclass(frozen=True)
@@ -106,7 +120,10 @@ class Engine:
         self.context = device.lanes.context
         self.vocab_size = device.program.vocab_size
         self.candidates = device.program.candidates   # K of the on-graph sampling head, 0 without one
-        self.scheduler = Scheduler(device.lanes, device.program.chunk_sizes, self.config.max_prefill_tokens)
+        self.budget = StepBudget(self.config.max_prefill_tokens, self.config.step_token_budget)
+        self.prefix_cache = PrefixCache(device.lanes, self.config.prefix_cache, device.program.max_rewind)
+        self.scheduler = self._new_scheduler()
+        self.pipeline = JobPipeline(device, self.config.in_flight, self.config.job_timeout_s)
         self.state = "ready"
         self._cond = threading.Condition()
         self._inbox: list[RequestState] = []
@@ -117,6 +134,9 @@ class Engine:
         self._draining = False                        # set by begin_drain(): no new requests
         self._thread: threading.Thread | None = None
         self._snapshot = self._take_snapshot()
+
+    def _new_scheduler(self) -> Scheduler:
+        return Scheduler(self.lanes, self.device.program.chunk_sizes, self.budget, self.prefix_cache)
 
     # --- caller side (any thread) --------------------------------------------------------
     def start(self) -> None:
@@ -254,66 +274,54 @@ class Engine:
         plan = self._schedule()
         if plan.empty:
             return
-        results = self._run(plan)
-        if results is None:
-            return
-        samples = self._sample(plan, results)
-        self._emit(samples)
+        failures, device_failure = [], None
+        for item, outcome in self.pipeline.run(self._jobs(plan)):   # decode first, then prefill chunks
+            if isinstance(outcome, CalculetError):
+                failures.append((outcome, item.seqs))
+                device_failure = device_failure or (outcome if isinstance(outcome, DeviceError) else None)
+            elif device_failure is None:   # after a device error the lanes are forgotten: nothing is sampled
+                self._observe(item, outcome)
+                self._emit(self._sample(item, outcome))
+        self._settle(failures, device_failure)
 
     def _schedule(self) -> StepPlan:
         now = time.perf_counter()
         plan = self.scheduler.schedule(now)
         for state in plan.admitted:
             self.observer.admitted(now - state.arrived, len(state.request.prompt_ids))
+        self.observer.step(sum(len(w.tokens) for w in plan.prefill), len(plan.decode))
         return plan
 
-    # --- run: the step's prefill chunks, then one decode step, on the device --------------------
-    def _run(self, plan: StepPlan) -> StepResults | None:
-        jobs = []  # (kind, job, seqs, prefill work or None); the device runs them in this order
-        for work in plan.prefill:  # only a prompt's last chunk needs logits: inner chunks skip the lm_head
-            full = not self._candidates_suffice(work.seq, self._banned(work.seq))
-            job = PrefillJob(work.seq.lane, work.tokens, want_logits=work.last, full_logits=full)
-            jobs.append(("prefill", job, [work.seq], work))
+    # --- run: one decode step, then the step's prefill chunks, on the device -------------------
+    def _jobs(self, plan: StepPlan) -> list[StepJob]:
+        """The step's device jobs in the order they run: decode first, so with two jobs in flight its
+        rows are sampled and streamed while the device prefills. Only a prompt's last chunk needs
+        logits: inner chunks skip the lm_head."""
+        jobs = []
         if plan.decode:
             job = DecodeJob(tuple(s.lane for s in plan.decode), tuple(s.output_ids[-1] for s in plan.decode),
                             full_logits=not all(self._candidates_suffice(s, self._banned(s)) for s in plan.decode))
-            jobs.append(("decode", job, list(plan.decode), None))
-        handles, failures = [], []
-        for kind, job, seqs, work in jobs:
-            try:
-                handles.append((kind, self.device.submit(job), seqs, work))
-            except CalculetError as exc:
-                failures.append((exc, seqs))
-        results = StepResults()
-        for kind, handle, seqs, work in handles:
-            try:
-                result = self.device.wait(handle, self.config.job_timeout_s)
-            except CalculetError as exc:
-                if exc.code == "wait_timeout":   # hung: fence the worker off (fails the step's other jobs at once)
-                    self.device.fence()
-                    exc = DeviceError("job_timeout", f"a {kind} job ran past the job timeout of "
-                                      f"{self.config.job_timeout_s:g} s (--job-timeout); the stuck device worker was "
-                                      f"replaced")
-                failures.append((exc, seqs))
-                continue
-            if work is None:
-                results.decode = result
-            else:
-                results.prefill.append((work, result))
-        device_failure = next((exc for exc, _ in failures if isinstance(exc, DeviceError)), None)
+            jobs.append(StepJob("decode", job, tuple(plan.decode)))
+        for work in plan.prefill:
+            full = not self._candidates_suffice(work.seq, self._banned(work.seq))
+            job = PrefillJob(work.seq.lane, work.tokens, want_logits=work.last, full_logits=full)
+            jobs.append(StepJob("prefill", job, (work.seq,), work))
+        return jobs
+
+    def _observe(self, item: StepJob, result: JobResult) -> None:
+        useful = len(item.work.tokens) if item.work is not None else len(item.seqs)
+        self.observer.job(item.kind, result.timings, useful)
+
+    def _settle(self, failures: list, device_failure: CalculetError | None) -> None:
+        """After the step's jobs: a device failure resets the device; request errors end their requests."""
         if device_failure is not None or not self.device.healthy:
             # jobs a fence failed before they ran (job_fenced) are not these requests' fault: they are requeued
             failed = [s.state for exc, seqs in failures for s in seqs if exc.code != "job_fenced"]
             self._recover(device_failure or DeviceError("device_unhealthy", "the device reported a failure"), failed)
-            return None
+            return
         for exc, seqs in failures:  # request errors: only these requests fail, the lanes are intact
             for seq in seqs:
                 self._end(seq.state, "error", RequestFailed(exc))
-        for work, result in results.prefill:
-            self.observer.job("prefill", result.timings, len(work.tokens))
-        if results.decode is not None:
-            self.observer.job("decode", results.decode.timings, len(plan.decode))
-        return results
 
     def _banned(self, seq: Sequence) -> tuple[int, ...]:
         """Token ids the sequence may not sample yet (end-of-sequence and stop ids before min_tokens)."""
@@ -333,19 +341,17 @@ class Engine:
         return k >= 1 and seq.sampler.uses_candidates(k)
 
     # --- sample: one token per sequence that has logits -----------------------------------
-    def _sample(self, plan: StepPlan, results: StepResults) -> list[Sample]:
+    def _sample(self, item: StepJob, result: JobResult) -> list[Sample]:
         t0 = time.perf_counter()
         samples = []
-        for work, result in results.prefill:
-            if work.seq.finished:
-                continue
-            self.scheduler.prefill_done(work)
-            if work.last and not work.seq.output_ids:  # a resumed sequence already has its next token
-                samples.append(self._sample_one(work.seq, result, 0))
-        if results.decode is not None:
-            for r, seq in enumerate(plan.decode):
-                if not seq.finished:
-                    samples.append(self._sample_one(seq, results.decode, r))
+        if item.work is not None:
+            work = item.work
+            if not work.seq.finished:
+                self.scheduler.prefill_done(work)
+                if work.last and not work.seq.output_ids:  # a resumed sequence already has its next token
+                    samples.append(self._sample_one(work.seq, result, 0))
+        else:
+            samples = [self._sample_one(seq, result, r) for r, seq in enumerate(item.seqs) if not seq.finished]
         self.observer.sampled(time.perf_counter() - t0, len(samples))
         return samples
 
@@ -405,7 +411,8 @@ class Engine:
                 seq.finish_reason = reason
                 self.scheduler.finish(seq)
                 if all(x.finished for x in state.sequences):
-                    self._end(state, reason, RequestDone(len(req.prompt_ids), state.completion_tokens(), state.timings(now)))
+                    self._end(state, reason, RequestDone(len(req.prompt_ids), state.completion_tokens(), state.timings(now),
+                                                         state.cached_tokens()))
         if gaps:
             self.observer.inter_token(gaps)
 
@@ -437,6 +444,7 @@ class Engine:
         self._reset_device()
 
     def _reset_device(self) -> None:
+        self.prefix_cache.clear()   # a reset (or the fence before it) leaves no warm KV
         t0 = time.perf_counter()
         try:
             self.device.reset()
@@ -459,7 +467,7 @@ class Engine:
             state.emit(RequestFailed(error))
             self.observer.finished("error", time.perf_counter() - state.arrived)
         self._live.clear()
-        self.scheduler = Scheduler(self.lanes, self.device.program.chunk_sizes, self.config.max_prefill_tokens)
+        self.scheduler = self._new_scheduler()
         self.state = "recovering"
         self._reset_device()
 
@@ -471,7 +479,8 @@ class Engine:
     def _take_snapshot(self) -> EngineSnapshot:
         free = self.lanes.free_count()
         return EngineSnapshot(self.state, self.scheduler.running_requests(), self.scheduler.waiting_requests(),
-                              len(self.scheduler.waiting), self.lanes.count - free, free, self.lanes.count)
+                              len(self.scheduler.waiting), self.lanes.count - free, free, self.lanes.count,
+                              self.prefix_cache.stats())
 
     def _publish(self) -> None:
         snap = self._take_snapshot()

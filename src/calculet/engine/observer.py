@@ -10,8 +10,11 @@ class EngineObserver:
     def job(self, kind: str, timings: PhaseTimings, useful_tokens: int) -> None:
         """A device job finished: its phases, and how many of its computed tokens were real."""
 
+    def step(self, prefill_tokens: int, decode_rows: int) -> None:
+        """An engine step was planned: prompt tokens it prefills beside how many decode rows."""
+
     def sampled(self, seconds: float, tokens: int) -> None:
-        """Host sampling of one step took `seconds` for `tokens` sequences."""
+        """Host sampling of one device job's rows took `seconds` for `tokens` sequences."""
 
     def admitted(self, queue_s: float, prompt_tokens: int) -> None:
         """A request got its first lane after waiting `queue_s`."""

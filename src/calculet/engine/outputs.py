@@ -25,6 +25,7 @@ class CompletionOutput:
 class Usage:
     prompt_tokens: int
     completion_tokens: int                             # over all n outputs
+    cached_tokens: int = 0                             # prompt tokens the prefix cache held (not prefilled)
 
     @property
     def total_tokens(self) -> int:
@@ -60,4 +61,4 @@ class OutputBuilder:
         outputs = tuple(CompletionOutput(i, "".join(self._text[i]), tuple(self._tokens[i]), self._finish[i],
                                          tuple(self._lps[i]) if self._logprobs else None)
                         for i in range(len(self._text)))
-        return RequestOutput(prompt, tuple(prompt_ids), outputs, Usage(done.prompt_tokens, done.completion_tokens), done.timings)
+        return RequestOutput(prompt, tuple(prompt_ids), outputs, Usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens), done.timings)

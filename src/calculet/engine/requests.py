@@ -117,6 +117,7 @@ class RequestDone:
     prompt_tokens: int
     completion_tokens: int
     timings: RequestTimings
+    cached_tokens: int = 0     # prompt tokens whose KV the prefix cache held (not prefilled again)
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,10 @@ class RequestState:
     def completion_tokens(self) -> int:
         return sum(len(s.output_ids) for s in self.sequences)
 
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache (the best of the n sequences' admissions)."""
+        return max((s.cached_tokens for s in self.sequences), default=0)
+
 
 @dataclass(eq=False)
 class Sequence:
@@ -173,8 +178,8 @@ class Sequence:
     stop: StopChecker
     output_ids: list[int] = field(default_factory=list)
     lane: int | None = None
-    pieces: list[int] = field(default_factory=list)   # prefill chunk sizes still to run
     prefilled: int = 0                                # tokens of kv_tokens() already in the lane
+    cached_tokens: int = 0                            # prompt tokens the prefix cache had at admission
     last_token_at: float | None = None
     finish_reason: str | None = None
 

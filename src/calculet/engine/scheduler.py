@@ -1,25 +1,33 @@
-"""Which work runs in the next engine step: prefill chunks up to a token budget, plus one decode
-step over every sequence that is decoding.
+"""Which work runs in the next engine step: one decode step over every sequence that is decoding,
+plus a bounded slice of the waiting prompts' prefill chunks (a mixed step).
 
     waiting ──admit (a lane is free)──▶ prefilling ──last chunk──▶ decoding ──finish──▶ (lane freed)
        ▲                                     │                         │
        └────────── requeue (device reset: every lane forgotten) ───────┘
 
-Prefill is chunked, first come first served: each step takes the waiting prompts' next chunks until
-`prefill_budget` prompt tokens are planned (always at least one chunk), so a long prompt stalls the
-streams that are already decoding by at most about one budget's worth of prefill. A larger budget
-gets a burst of new requests into the decode batch in fewer steps (fewer part-full decode steps,
-higher throughput, lower TTFT); a smaller one keeps inter-token latency steadier. It is vLLM's
-max_num_batched_tokens trade-off, applied to prompt tokens. A sequence keeps its lane until it
-finishes; `finish` is the only way a lane is given back.
+Prefill is chunked, first come first served: each step takes the prefilling prompts' next chunks
+while they fit the step's prefill slice (always at least one chunk). The slice and the chunk sizes
+come from the `StepBudget` policy (engine/step_policy.py): `max_prefill_tokens` per step, and with
+a `step_token_budget` at most budget - decode rows while sequences decode, in chunks no larger than
+that, so no decoding stream waits a whole burst of prefill. A larger slice gets new requests into
+the decode batch in fewer steps (throughput, TTFT); a smaller one keeps inter-token latency steady:
+vLLM's max_num_batched_tokens trade-off. Chunks are planned every step from where each prompt
+stands. A sequence keeps its lane until it finishes; `finish` is the only way a lane is given back.
+
+Lanes are got and given back through the prefix cache (engine/prefix_cache.py): admission may get a
+warm lane that already holds the sequence's first tokens (prefill starts after them), and a sequence
+that finished normally leaves its lane warm.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 
+from calculet.engine.prefix_cache import PrefixCache
 from calculet.engine.requests import RequestState, Sequence
+from calculet.engine.step_policy import StepBudget
 from calculet.runtime.chunking import plan_chunks
 from calculet.runtime.lanes import Lanes
 
@@ -42,13 +50,19 @@ class StepPlan:
         return not self.prefill and not self.decode
 
 
+@lru_cache(maxsize=4096)
+def _plan(n_tokens: int, start: int, sizes: tuple[int, ...], context: int) -> tuple[int, ...]:
+    """plan_chunks, remembered: every step re-plans each prefilling prompt from where it stands."""
+    return tuple(plan_chunks(n_tokens, start, sizes, context))
+
+
 class Scheduler:
-    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...], prefill_budget: int):
-        if prefill_budget < 1:
-            raise ValueError(f"prefill_budget must be >= 1 token, got {prefill_budget}")
+    def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...], budget: StepBudget,
+                 cache: PrefixCache | None = None):
         self.lanes = lanes
+        self.cache = cache if cache is not None else PrefixCache(lanes, enabled=False)
         self.chunk_sizes = tuple(chunk_sizes)
-        self.prefill_budget = prefill_budget
+        self.budget = budget
         self.waiting: deque[Sequence] = deque()
         self.prefilling: deque[Sequence] = deque()
         self.decoding: list[Sequence] = []
@@ -75,26 +89,31 @@ class Scheduler:
         return StepPlan(self._prefill_work(), tuple(self.decoding), admitted)
 
     def _prefill_work(self) -> tuple[PrefillWork, ...]:
-        """The next chunks in arrival order while they fit the budget; the first always runs."""
+        """The next chunks in arrival order while they fit the step's prefill slice; the first always runs."""
+        rows = len(self.decoding)
+        limit = self.budget.prefill_slice(rows)
+        sizes = self.budget.chunk_sizes(self.chunk_sizes, rows)
         work, planned = [], 0
         for seq in self.prefilling:
+            tokens = seq.kv_tokens()
             done = seq.prefilled
-            for i, n in enumerate(seq.pieces):
-                if work and planned + n > self.prefill_budget:
+            pieces = _plan(len(tokens) - done, done, sizes, self.lanes.context)
+            for i, n in enumerate(pieces):
+                if work and planned + n > limit:
                     return tuple(work)
-                tokens = seq.kv_tokens()[done:done + n]
-                work.append(PrefillWork(seq, tokens, last=i == len(seq.pieces) - 1))
+                work.append(PrefillWork(seq, tokens[done:done + n], last=i == len(pieces) - 1))
                 planned += n
                 done += n
         return tuple(work)
 
     def _admit(self, now: float) -> tuple[RequestState, ...]:
         admitted = []
-        while self.waiting and self.lanes.can_allocate():
+        while self.waiting and self.cache.can_allocate():
             seq = self.waiting.popleft()
-            seq.lane = self.lanes.allocate()
-            seq.pieces = plan_chunks(len(seq.kv_tokens()), 0, self.chunk_sizes, self.lanes.context)
-            seq.prefilled = 0
+            tokens = seq.kv_tokens()
+            grant = self.cache.allocate(tokens)
+            seq.lane, seq.prefilled = grant.lane, grant.cached
+            seq.cached_tokens = min(grant.cached, len(seq.state.request.prompt_ids))
             if seq.state.admitted_at is None:
                 seq.state.admitted_at = now
                 admitted.append(seq.state)
@@ -104,7 +123,6 @@ class Scheduler:
     def prefill_done(self, work: PrefillWork) -> None:
         """The chunk ran: advance the sequence; after its last chunk it decodes from the next step."""
         seq = work.seq
-        seq.pieces.pop(0)
         seq.prefilled += len(work.tokens)
         if work.last:
             self.prefilling.remove(seq)
@@ -112,12 +130,15 @@ class Scheduler:
 
     # --- leaving -------------------------------------------------------------------------
     def finish(self, seq: Sequence) -> None:
-        """Remove the sequence wherever it is and give its lane back."""
+        """Remove the sequence wherever it is and give its lane back: warm (its KV reusable) when it
+        decoded to a normal end, cold when it was cancelled, timed out or failed."""
+        decoded = seq in self.decoding
         for queue in (self.waiting, self.prefilling, self.decoding):
             if seq in queue:
                 queue.remove(seq)
         if seq.lane is not None:
-            self.lanes.free(seq.lane)
+            valid = decoded and seq.finish_reason in ("stop", "length")
+            self.cache.release(seq.lane, seq.kv_tokens() if valid else None)
             seq.lane = None
 
     def requeue(self, seqs: list[Sequence]) -> None:
@@ -127,5 +148,5 @@ class Scheduler:
             for queue in (self.prefilling, self.decoding):
                 if seq in queue:
                     queue.remove(seq)
-            seq.lane, seq.pieces, seq.prefilled = None, [], 0
+            seq.lane, seq.prefilled = None, 0
         self.waiting.extendleft(reversed(seqs))

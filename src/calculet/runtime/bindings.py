@@ -1,4 +1,5 @@
-"""IO bindings kept alive between steps: one per body graph and first lane, one per head graph.
+"""IO bindings kept alive between steps: per staging slot (ping and pong, see runtime/jobs.py), one
+per body graph and first lane, one per head graph.
 
 Each binding owns small staging arrays bound once as OrtValues that share memory with numpy. A body
 binds its lanes' KV buffers as both the past_* input and the present_* output, so every run updates

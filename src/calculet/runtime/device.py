@@ -8,7 +8,9 @@
     result = device.wait(h, timeout=5.0)           # logits + phase timings, or a typed error
 
 Jobs run one at a time on a worker thread, in submission order. Every failure becomes a
-`CalculetError` delivered through `wait`; nothing here exits the process.
+`CalculetError` delivered through `wait`; nothing here exits the process. Each job's `slot` picks
+one of STAGING_SLOTS sets of IO bindings (ping and pong), so a caller can keep two jobs in flight
+and read one's result while the other runs; bindings are created on a slot's first use.
 
 A worker stuck in a job (a hung execution provider) cannot be stopped, so it is fenced off instead:
 `fence()` starts a new epoch with a fresh worker, queue, KV buffers and bindings, and fails every job
@@ -33,8 +35,8 @@ from calculet.errors import CalculetError, DeviceError, ModelError, RequestError
 from calculet.runtime.bindings import BodyBinding, HeadBinding  # noqa: F401  (the bindings' types)
 from calculet.runtime.chunking import graph_for
 from calculet.runtime.faults import FaultPlan
-from calculet.runtime.jobs import DecodeJob, JobHandle, JobResult, PhaseTimings, PrefillJob
-from calculet.runtime.lanes import Lanes  # noqa: F401
+from calculet.runtime.jobs import STAGING_SLOTS, DecodeJob, JobHandle, JobResult, PhaseTimings, PrefillJob
+from calculet.runtime.lanes import Lanes
 from calculet.runtime.program import DeviceConfig, Program
 
 # How long a caller waits for one device job before counting it as failed (engine, `calculet run`,
@@ -71,8 +73,8 @@ class Device:
         self.faults = faults if faults is not None else FaultPlan.from_env()
         self.program: Program | None = None
         self.lanes: Lanes | None = None
-        self._bindings: dict[tuple[str, int], BodyBinding] = {}
-        self._heads: dict[int, HeadBinding] = {}
+        self._bindings: dict[tuple[str, int, int], BodyBinding] = {}   # (graph, first lane, slot)
+        self._heads: dict[tuple[int, int], HeadBinding] = {}            # (rows, slot)
         self._ids = itertools.count()
         self.expert_load: np.ndarray | None = None  # --expert-stats calbins: tokens per [sparse layer, expert]
         self._commit = threading.Lock()       # held while a job writes lane state; fence() takes it to end an epoch
@@ -135,7 +137,7 @@ class Device:
                 self._prefill(PrefillJob(taken[0], (0,) * g.tokens), 0.0)
                 lanes.clear(taken[0])
             for g in program.decode_graphs:
-                self._decode(tuple(taken[: g.lanes]), (0,) * g.lanes, 0.0, full_logits=True)
+                self._decode(tuple(taken[: g.lanes]), (0,) * g.lanes, 0.0, full_logits=True, slot=0)
         finally:
             lanes.reset_all()
 
@@ -196,6 +198,8 @@ class Device:
         if self.program is None:
             raise ModelError("not_configured", "submit() before configure(): load and configure a calbin first")
         self._check_tokens(job.tokens)
+        if not 0 <= job.slot < STAGING_SLOTS:
+            raise RequestError("bad_job", f"staging slot {job.slot} is out of range 0..{STAGING_SLOTS - 1}")
         if isinstance(job, PrefillJob):
             if not job.tokens:
                 raise RequestError("empty_prompt", "a prefill job needs at least one token")
@@ -279,7 +283,7 @@ class Device:
         if isinstance(job, PrefillJob):
             result = self._prefill(job, queued)
         else:
-            result = self._decode(job.lanes, job.tokens, queued, job.full_logits)
+            result = self._decode(job.lanes, job.tokens, queued, job.full_logits, job.slot)
         if fault is not None and fault.action in ("nan", "inf"):
             _corrupt(result, np.nan if fault.action == "nan" else np.inf)
         _check_finite(result, job.kind)
@@ -300,12 +304,12 @@ class Device:
         size = graph_for(n, start, program.chunk_sizes, context)
         if size is None:
             if n == 1:  # at the very end of the context only the decode graph's single-token write fits
-                return self._decode((job.lane,), job.tokens, queued, job.full_logits)
+                return self._decode((job.lane,), job.tokens, queued, job.full_logits, job.slot)
             raise RequestError("chunk_does_not_fit", f"{n} tokens at position {start} fit no prefill graph "
                                f"(chunks {program.chunk_sizes}, context {context}); split them with plan_chunks")
         t0 = time.perf_counter()
         with self._committing():   # the binding (and so the KV buffers) of the current epoch, or none
-            b = self._binding(f"prefill_{size}", job.lane)
+            b = self._binding(f"prefill_{size}", job.lane, job.slot)
             ids = b.inputs["input_ids"]
             ids.fill(0)
             ids[0, :n] = job.tokens
@@ -327,7 +331,8 @@ class Device:
             lanes.advance(job.lane, n)
         return result
 
-    def _decode(self, job_lanes: tuple[int, ...], tokens: tuple[int, ...], queued: float, full_logits: bool) -> JobResult:
+    def _decode(self, job_lanes: tuple[int, ...], tokens: tuple[int, ...], queued: float, full_logits: bool,
+                slot: int) -> JobResult:
         lanes, context = self.lanes, self.lanes.context
         for lane in job_lanes:
             if lanes.length(lane) >= context:
@@ -335,13 +340,14 @@ class Device:
         t0 = time.perf_counter()
         graph = self.program.decode_graph_for(max(job_lanes) + 1)
         with self._committing():   # the binding (and so the KV buffers) of the current epoch, or none
-            b = self._binding(graph.name, 0)
+            b = self._binding(graph.name, 0, slot)
             ids, seqlens = b.inputs["input_ids"], b.inputs["seqlens_k"]
             ids.fill(0)
             # Rows of this graph not in the job still get a write: aim it at their next free position,
-            # which the lane's next real step overwrites (free lanes: position 0).
+            # which the lane's next real step overwrites (free lanes: position 0; a free lane that keeps
+            # its KV for the prefix cache: just past what it keeps).
             for lane in range(graph.lanes):
-                seqlens[lane] = min(lanes.length(lane), context - 1) if lanes.in_use(lane) else 0
+                seqlens[lane] = min(lanes.length(lane), context - 1)
             rows = list(job_lanes)
             ids[rows, 0] = tokens
             if "total_seq_len" in b.inputs:
@@ -385,16 +391,17 @@ class Device:
         return JobResult(logits, PhaseTimings(queued, prep, infer, fetch, graph, computed), topk_ids, topk_values)
 
     # --- helpers -------------------------------------------------------------------------
-    def _head(self, rows: int) -> HeadBinding:
-        if rows not in self._heads:
-            self._heads[rows] = self.program.head_binding(rows)
-        return self._heads[rows]
+    def _head(self, rows: int, slot: int) -> HeadBinding:
+        if (rows, slot) not in self._heads:
+            self._heads[(rows, slot)] = self.program.head_binding(rows)
+        return self._heads[(rows, slot)]
 
-    def _binding(self, graph_name: str, first_lane: int) -> BodyBinding:
-        key = (graph_name, first_lane)
+    def _binding(self, graph_name: str, first_lane: int, slot: int) -> BodyBinding:
+        key = (graph_name, first_lane, slot)
         if key not in self._bindings:
             graph = self.program.graph(graph_name)
-            self._bindings[key] = self.program.body_binding(graph_name, self.lanes, first_lane, self._head(graph.lanes))
+            self._bindings[key] = self.program.body_binding(graph_name, self.lanes, first_lane,
+                                                            self._head(graph.lanes, slot))
         return self._bindings[key]
 
     def _check_lane(self, lane: int) -> None:

@@ -2,6 +2,10 @@
 
 A `PrefillJob` runs one chunk of one lane's prompt through a prefill graph (or, near the end of the
 context, through the decode graph); a `DecodeJob` advances several lanes by one token each.
+
+Every job names a staging `slot` (0 or 1): the device keeps one set of IO-binding arrays per slot,
+so two jobs in flight (ping/pong) never share input or output buffers. A caller reuses a slot only
+after it has taken the result of the job that last used it.
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from calculet.calbin.memory_plan import STAGING_SLOTS
 from calculet.errors import CalculetError
+
+__all__ = ["STAGING_SLOTS", "PrefillJob", "DecodeJob", "Job", "PhaseTimings", "JobResult", "JobHandle"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +27,7 @@ class PrefillJob:
     tokens: tuple[int, ...]     # appended at the lane's current length
     want_logits: bool = True    # False for a prompt's inner chunks: only the KV matters, the head is skipped
     full_logits: bool = True    # False: only the sampling head's candidates come back (when the graph has them)
+    slot: int = 0               # staging set (ping/pong): 0 .. STAGING_SLOTS - 1
     kind: str = "prefill"
 
     def __post_init__(self):
@@ -31,6 +39,7 @@ class DecodeJob:
     lanes: tuple[int, ...]      # distinct lanes, each gets one token
     tokens: tuple[int, ...]
     full_logits: bool = True    # False: only the sampling head's candidates come back (when the graph has them)
+    slot: int = 0               # staging set (ping/pong): 0 .. STAGING_SLOTS - 1
     kind: str = "decode"
 
     def __post_init__(self):

@@ -4,6 +4,11 @@ Per layer a K and a V buffer of shape [lanes, kv_heads, length, head_dim] (float
 whole life of the device; graphs read and write them in place. length is the context, or for a
 sliding-window layer compiled with a ring the ring length (position p lives in row p mod ring).
 A lane is one batch row of the decode graph and owns `length` positions of those buffers.
+
+A lane freed with `keep=True` stays free but keeps its length and KV (a warm lane, for the engine's
+prefix cache) until `take` hands it out again with a prefix of that KV, or `allocate` empties it.
+`epoch` changes whenever buffers or lengths are wiped wholesale (`renew_buffers`, `reset_all`), so
+a holder of a warm lane can tell its KV is gone.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ class Lanes:
     def __init__(self, kv: KVLayout):
         self.layout = kv
         # One array per K and V: [layers, B, Nkv, C, D]; per-layer views [B, Nkv, C, D] for the graphs.
+        self.epoch = 0
         self.renew_buffers()
         self._in_use = [False] * kv.lanes
         self._length = [0] * kv.lanes
@@ -30,6 +36,7 @@ class Lanes:
         One K and one V array per buffer length, [layers of that length, B, Nkv, length, D]; `keys[i]`
         and `values[i]` are layer i's views [B, Nkv, length, D] for the graphs."""
         kv = self.layout
+        self.epoch += 1
         self.groups: list[tuple[tuple[int, ...], np.ndarray, np.ndarray]] = []
         self.keys: list[np.ndarray] = [None] * kv.num_layers
         self.values: list[np.ndarray] = [None] * kv.num_layers
@@ -72,11 +79,24 @@ class Lanes:
                     return lane
         raise RequestError("no_free_lane", f"all {self.count} lanes are in use; free one or wait (can_allocate() says when)")
 
-    def free(self, lane: int) -> None:
+    def take(self, lane: int, keep: int) -> None:
+        """Allocate this free lane, keeping its first `keep` positions (a warm lane's prefix)."""
+        with self._lock:
+            if not 0 <= lane < self.count or self._in_use[lane]:
+                raise RequestError("lane_not_free", f"lane {lane} is not a free lane of 0..{self.count - 1}")
+            if not 0 <= keep <= self._length[lane]:
+                raise RequestError("bad_keep", f"lane {lane} holds {self._length[lane]} positions; allowed: 0 <= keep <= "
+                                   f"{self._length[lane]}, got {keep}")
+            self._in_use[lane] = True
+            self._length[lane] = keep
+
+    def free(self, lane: int, keep: bool = False) -> None:
+        """Give the lane back; with `keep` its length and KV stay until it is taken or allocated."""
         with self._lock:
             self._check(lane)
             self._in_use[lane] = False
-            self._length[lane] = 0
+            if not keep:
+                self._length[lane] = 0
 
     def clear(self, lane: int) -> None:
         """Forget the lane's tokens (and zero its KV rows) but keep it allocated."""
@@ -123,6 +143,7 @@ class Lanes:
 
     def reset_all(self) -> None:
         with self._lock:
+            self.epoch += 1
             self._in_use = [False] * self.count
             self._length = [0] * self.count
 

@@ -37,6 +37,13 @@ def add_server_arguments(p) -> None:
     p.add_argument("--max-prefill-tokens", type=int, default=ServerConfig.max_prefill_tokens, metavar="N",
                    help="prompt tokens prefilled per engine step, in chunks (at least one chunk); higher: better "
                         "throughput and TTFT under bursts, lower: steadier inter-token latency (default %(default)s)")
+    p.add_argument("--step-token-budget", type=int, default=ServerConfig.step_token_budget, metavar="N",
+                   help="while sequences decode, decode rows + prompt tokens per engine step (mixed steps: prompts are "
+                        "prefilled in chunks that fit beside the decode rows); lower: steadier inter-token latency, "
+                        "higher: lower TTFT; 0: no such budget, only --max-prefill-tokens (default %(default)s)")
+    p.add_argument("--in-flight", type=int, choices=(1, 2), default=ServerConfig.in_flight,
+                   help="device jobs queued at once: 1 waits for each job before the next, 2 (ping/pong) samples and "
+                        "streams one job's tokens while the device runs the next (default %(default)s)")
     p.add_argument("--request-timeout", type=float, default=None, metavar="S", help="fail a request after S seconds")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: from the path)")
     p.add_argument("--threads", type=int, default=ServerConfig.threads, help="ONNX Runtime intra-op threads (0 = all cores)")
@@ -52,6 +59,9 @@ def add_server_arguments(p) -> None:
     p.add_argument("--job-timeout", type=float, default=ServerConfig.job_timeout_s, metavar="S",
                    help="a device job running longer than S seconds counts as hung: its requests fail with a device "
                         "error and a fresh worker takes over (default %(default)s)")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="do not keep finished sequences' KV for reuse: every prompt is prefilled in full (default: a "
+                        "prompt that starts like a finished one resumes from its lane's KV)")
     from calculet.runtime.providers import add_provider_arguments
 
     add_provider_arguments(p)
@@ -72,13 +82,14 @@ def server_config(args) -> ServerConfig:
         raise RequestError("bad_option", "--served-model-name names one model; with several, write NAME=PATH")
     single = args.model[0] if len(args.model) == 1 else None
     config = ServerConfig(model=single, host=args.host, port=args.port, api_key=args.api_key,
-                          max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens, request_timeout_s=args.request_timeout,
+                          max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens,
+                          step_token_budget=args.step_token_budget, in_flight=args.in_flight, request_timeout_s=args.request_timeout,
                           served_model_name=args.served_model_name, threads=args.threads,
                           chat_template=args.chat_template, provider=args.provider,
                           provider_options=parse_provider_options(args.provider_option), max_body_bytes=args.max_body_bytes,
                           drain_timeout_s=args.drain_timeout, job_timeout_s=args.job_timeout, chips=args.chips,
                           chip_memory=parse_bytes(args.chip_memory) if args.chip_memory else None,
-                          admin_key=args.admin_key)
+                          admin_key=args.admin_key, prefix_cache=args.prefix_cache)
     specs: tuple[ModelSpec, ...] = ()
     if args.models:
         specs = read_models_toml(args.models, config.model_spec())

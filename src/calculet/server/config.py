@@ -19,6 +19,9 @@ class ServerConfig:
     api_key: str | None = None
     max_queue: int = 128
     max_prefill_tokens: int = 512          # prompt tokens prefilled per engine step
+    step_token_budget: int = 64            # decode rows + prompt tokens per step while sequences decode; 0: none
+                                           # (= engine.step_policy.DEFAULT_STEP_TOKEN_BUDGET)
+    in_flight: int = 2                     # device jobs in flight: 1 (immediate wait) or 2 (ping/pong)
     request_timeout_s: float | None = None
     served_model_name: str | None = None
     threads: int = 0
@@ -33,6 +36,7 @@ class ServerConfig:
     chips: int = 1                         # chips the server places models on (server/placement.py)
     chip_memory: int | None = None         # bytes each chip may hold; None: unlimited
     admin_key: str | None = None           # key of /admin/*; None: the API key; neither: admin is off
+    prefix_cache: bool = True              # --no-prefix-cache turns it off
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -70,12 +74,14 @@ class ServerConfig:
     def __repr__(self) -> str:  # never print the key
         key = "set" if self.api_key else None
         return (f"ServerConfig(model={self.model!r}, host={self.host!r}, port={self.port}, api_key={key}, "
-                f"max_queue={self.max_queue}, max_prefill_tokens={self.max_prefill_tokens}, request_timeout_s={self.request_timeout_s}, "
+                f"max_queue={self.max_queue}, max_prefill_tokens={self.max_prefill_tokens}, "
+                f"step_token_budget={self.step_token_budget}, in_flight={self.in_flight}, request_timeout_s={self.request_timeout_s}, "
                 f"served_model_name={self.served_model_name!r}, threads={self.threads}, chat_template={self.chat_template!r}, "
                 f"provider={self.provider!r}, provider_options={self.provider_options!r}, "
                 f"max_body_bytes={self.max_body_bytes}, drain_timeout_s={self.drain_timeout_s}, job_timeout_s={self.job_timeout_s}, "
                 f"models={self.models!r}, chips={self.chips}, chip_memory={self.chip_memory}, "
-                f"admin_key={'set' if self.admin_key else None})")
+                f"admin_key={'set' if self.admin_key else None}, "
+                f"prefix_cache={self.prefix_cache})")
 
     def device_config(self):
         """The runtime's share: provider, its options and threads (validated by DeviceConfig)."""
@@ -88,7 +94,9 @@ class ServerConfig:
         from calculet.engine.engine import EngineConfig
 
         return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
-                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s)
+                            step_token_budget=self.step_token_budget, in_flight=self.in_flight,
+                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s,
+                            prefix_cache=self.prefix_cache)
 
     @property
     def url(self) -> str:
@@ -100,8 +108,10 @@ class ServerConfig:
         from calculet.server.model_spec import ModelSpec
 
         return ModelSpec(source=source, name=name, chat_template=self.chat_template, max_queue=self.max_queue,
-                         max_prefill_tokens=self.max_prefill_tokens, request_timeout_s=self.request_timeout_s,
-                         job_timeout_s=self.job_timeout_s)
+                         max_prefill_tokens=self.max_prefill_tokens, step_token_budget=self.step_token_budget,
+                         in_flight=self.in_flight, request_timeout_s=self.request_timeout_s,
+                         job_timeout_s=self.job_timeout_s,
+                         prefix_cache=self.prefix_cache)
 
     def model_specs(self) -> tuple:
         """The models to serve at start: `models`, else the one given as `model` (or the default model)."""

@@ -16,7 +16,7 @@ import threading
 from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from calculet.engine.observer import EngineObserver
@@ -25,6 +25,8 @@ from calculet.runtime.jobs import PhaseTimings
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4   # the text format /metrics serves
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 STEP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+STEP_TOKEN_BUCKETS = (0, 1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+STEP_ROW_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 PHASES = ("input_prep", "infer", "output_fetch")
 JOB_KINDS = ("prefill", "decode")
 # gauge name, help, EngineSnapshot field
@@ -34,6 +36,13 @@ _SNAPSHOT_GAUGES = (
     ("calculet_lanes_in_use", "KV lanes in use", "lanes_in_use"),
     ("calculet_lanes_free", "KV lanes free", "lanes_free"),
     ("calculet_lanes_total", "KV lanes of the loaded calbin", "lanes_total"),
+)
+# counter name (without _total), help, PrefixCacheStats field; read from the engine's snapshot
+_PREFIX_COUNTERS = (
+    ("calculet_prefix_cache_lookups", "Admissions that looked for a warm lane holding their prompt's prefix", "lookups"),
+    ("calculet_prefix_cache_hits", "Admissions that resumed from a warm lane's KV", "hits"),
+    ("calculet_prefix_cache_tokens_saved", "Prompt tokens not prefilled because the prefix cache held their KV",
+     "tokens_saved"),
 )
 
 
@@ -63,6 +72,16 @@ class _ScrapeGauges:
             for name, snap in snapshots.items():
                 family.add_metric((name,), float(getattr(snap, field, 0) or 0))
             yield family
+        for gauge, help_text, field in _PREFIX_COUNTERS:
+            family = CounterMetricFamily(gauge, help_text, labels=("model",))
+            for name, snap in snapshots.items():
+                family.add_metric((name,), float(getattr(getattr(snap, "prefix_cache", None), field, 0)))
+            yield family
+        warm = GaugeMetricFamily("calculet_lanes_warm", "Free KV lanes that keep a finished sequence's KV for the "
+                                 "prefix cache", labels=("model",))
+        for name, snap in snapshots.items():
+            warm.add_metric((name,), float(getattr(getattr(snap, "prefix_cache", None), "warm", 0)))
+        yield warm
         efficiency = GaugeMetricFamily("calculet_device_padding_efficiency",
                                        "Useful tokens / computed tokens since start (1 = no padding waste)",
                                        labels=("model", "kind"))
@@ -98,7 +117,12 @@ class ServerMetrics:
         self.phase = Histogram("calculet_device_phase_seconds", "Device time per job and phase "
                                "(queued, input_prep, infer, output_fetch)", M + ("kind", "phase"), buckets=STEP_BUCKETS,
                                registry=r)
-        self.sampling = Histogram("calculet_sampling_seconds", "Host sampling time per engine step", M,
+        self.step_prefill = Histogram("calculet_step_prefill_tokens", "Prompt tokens prefilled per engine step "
+                                      "(bounded by --max-prefill-tokens and --step-token-budget)", M,
+                                      buckets=STEP_TOKEN_BUCKETS, registry=r)
+        self.step_decode = Histogram("calculet_step_decode_rows", "Decoding sequences per engine step", M,
+                                     buckets=STEP_ROW_BUCKETS, registry=r)
+        self.sampling = Histogram("calculet_sampling_seconds", "Host sampling time per device job", M,
                                   buckets=STEP_BUCKETS, registry=r)
         self.useful = Counter("calculet_device_useful_tokens_total", "Real tokens in device jobs", M + ("kind",), registry=r)
         self.computed = Counter("calculet_device_computed_tokens_total", "Tokens the graphs computed, padding included",
@@ -146,6 +170,10 @@ class ModelMetrics(EngineObserver):
             m.phase.labels(n, kind, phase).observe(getattr(timings, phase))
         m.useful.labels(n, kind).inc(useful_tokens)
         m.computed.labels(n, kind).inc(timings.computed_tokens)
+
+    def step(self, prefill_tokens: int, decode_rows: int) -> None:
+        self.m.step_prefill.labels(self.name).observe(prefill_tokens)
+        self.m.step_decode.labels(self.name).observe(decode_rows)
 
     def sampled(self, seconds: float, tokens: int) -> None:
         if tokens:

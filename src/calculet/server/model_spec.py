@@ -10,7 +10,10 @@ whose name is derived), from `--models models.toml`, or from an admin load reque
     chat_template = "gemma"        # built-in name or Jinja file
     max_queue = 128                # its own waiting queue
     max_prefill_tokens = 512
+    step_token_budget = 64         # decode rows + prompt tokens per step while decoding (0: none)
+    in_flight = 2                  # device jobs in flight: 1 or 2 (ping/pong)
     request_timeout = 30.0         # seconds
+    prefix_cache = true            # reuse finished prompts' KV (false: --no-prefix-cache for this model)
 
 A spec is validated when it is built, so a bad file fails at start with the key and the allowed values.
 """
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     from calculet.engine.engine import EngineConfig
 
 TOML_KEYS = ("name", "source", "calbin", "chips", "lanes", "chat_template", "max_queue", "max_prefill_tokens",
-             "request_timeout")
+             "step_token_budget", "in_flight", "request_timeout", "prefix_cache")
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,11 @@ class ModelSpec:
     chat_template: str | None = None
     max_queue: int = 128
     max_prefill_tokens: int = 512
+    step_token_budget: int = 64        # = engine.step_policy.DEFAULT_STEP_TOKEN_BUDGET
+    in_flight: int = 2
     request_timeout_s: float | None = None
     job_timeout_s: float = 600.0
+    prefix_cache: bool = True
 
     def __post_init__(self):
         where = f"model {self.name or self.source or '(default)'}"
@@ -61,7 +67,9 @@ class ModelSpec:
         from calculet.engine.engine import EngineConfig
 
         return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
-                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s)
+                            step_token_budget=self.step_token_budget, in_flight=self.in_flight,
+                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s,
+                            prefix_cache=self.prefix_cache)
 
     def name_for(self, calbin: Path, source_path: str | None) -> str:
         """The name clients use: the given one, else the name of what was given to serve."""
@@ -109,11 +117,13 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
     if "source" in d and "calbin" in d:
         raise RequestError("bad_option", f"{where}: give source or calbin, not both")
     types = {"name": str, "source": str, "calbin": str, "chat_template": str, "lanes": int, "max_queue": int,
-             "max_prefill_tokens": int, "request_timeout": (int, float)}
+             "max_prefill_tokens": int, "step_token_budget": int, "in_flight": int, "request_timeout": (int, float)}
     for key, kind in types.items():
         if key in d and (not isinstance(d[key], kind) or isinstance(d[key], bool)):
             raise RequestError("bad_option", f"{where}: {key} must be a {getattr(kind, '__name__', 'number')}, "
                                f"got {d[key]!r}")
+    if "prefix_cache" in d and not isinstance(d["prefix_cache"], bool):
+        raise RequestError("bad_option", f"{where}: prefix_cache must be true or false, got {d['prefix_cache']!r}")
     chips = d.get("chips", list(base.chips))
     if isinstance(chips, int) and not isinstance(chips, bool):
         chips = [chips]
@@ -124,7 +134,10 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
                    lanes=d.get("lanes", base.lanes), chat_template=d.get("chat_template", base.chat_template),
                    max_queue=d.get("max_queue", base.max_queue),
                    max_prefill_tokens=d.get("max_prefill_tokens", base.max_prefill_tokens),
-                   request_timeout_s=None if timeout is None else float(timeout))
+                   step_token_budget=d.get("step_token_budget", base.step_token_budget),
+                   in_flight=d.get("in_flight", base.in_flight),
+                   request_timeout_s=None if timeout is None else float(timeout),
+                   prefix_cache=d.get("prefix_cache", base.prefix_cache))
 
 
 def check_unique(specs: tuple[ModelSpec, ...]) -> None:

@@ -15,7 +15,8 @@ from calculet.engine.requests import RequestDone, RequestTimings, TokenLogprob
 
 def usage(done: RequestDone) -> dict:
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens, "server_timings": done.timings.to_json()}
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}, "server_timings": done.timings.to_json()}
 
 
 def timing_headers(t: RequestTimings) -> dict[str, str]:

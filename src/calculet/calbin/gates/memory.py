@@ -7,7 +7,8 @@
                       dtype bytes; every body graph's past_* / present_* tensor is a view of its layer's buffer
     staging        == one entry per graph: the bytes of one IO binding (every non-KV input and output;
                       a body's hidden is its head's input) x the bindings the runtime may create
-                      (a prefill graph one per first lane, decode and head graphs one)
+                      (a prefill graph one per first lane, decode and head graphs one, each
+                      times STAGING_SLOTS: ping and pong for two jobs in flight)
     total_bytes    == weights + kv + staging
     workspace_estimate_bytes  an estimate of ONNX Runtime's activations: positive and within
                       PLAUSIBLE_FACTOR of the total (a "16777216 MB" typed where bytes were meant is
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from calculet.calbin.gates.context import GateContext
 from calculet.calbin.graphspec import DTYPE_BYTES, PREFILL, is_kv
+from calculet.calbin.memory_plan import STAGING_SLOTS
 from calculet.calbin.validate_report import Check, Rule
 
 WEIGHTS = Rule("D.weights", "the plan's weights bytes equal the weights file the runtime maps")
@@ -135,10 +137,11 @@ def _staging_problems(m) -> list[str]:
         if s is None:
             problems.append(f"graph {g.name!r} has no staging entry")
             continue
-        bindings = m.kv.lanes if g.type == PREFILL else 1
+        bindings = STAGING_SLOTS * (m.kv.lanes if g.type == PREFILL else 1)
         if s.bindings != bindings:
             problems.append(f"graph {g.name!r}: {s.bindings} bindings; the runtime creates up to {bindings} "
-                            f"({'one per first lane' if g.type == PREFILL else 'one'})")
+                            f"({'one per first lane' if g.type == PREFILL else 'one'} per staging slot, "
+                            f"{STAGING_SLOTS} slots)")
         if s.binding_bytes != g.staging_bytes():
             problems.append(f"graph {g.name!r}: binding_bytes {s.binding_bytes}, its non-KV inputs and outputs take "
                             f"{g.staging_bytes()}")
