@@ -149,3 +149,17 @@ def test_prefix_cache_option_and_cached_tokens_in_usage(llm, tiny_calbin):
         miss = plain.generate(longer, params)[0]
         assert miss.usage.cached_tokens == 0 and miss.outputs[0].token_ids == hit.outputs[0].token_ids
         assert plain._device.lanes.free_count() == plain.lanes
+
+
+def test_a_two_chip_calbin_reuses_a_warm_lane_like_one_chip(llm, tiny_calbin):
+    """Guards the prefix-cache x chips merge: a prompt extending a finished one resumes from the lane's
+    KV, which on 2 chips lives in the chips' buffers; tokens equal the 1-chip run's."""
+    ids = list(llm.encode("The quick brown fox jumps over the lazy dog again and again"))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    first = llm.generate(ids, params)[0]
+    longer = ids + list(first.outputs[0].token_ids) + ids[1:5]
+    want = llm.generate(longer, params)[0].outputs[0].token_ids
+    with LLM(tiny_calbin("llama", chips=2, partition="pp")) as two:
+        assert two.generate(ids, params)[0].outputs[0].token_ids == first.outputs[0].token_ids
+        hit = two.generate(longer, params)[0]
+    assert hit.usage.cached_tokens >= len(ids) and hit.outputs[0].token_ids == want
