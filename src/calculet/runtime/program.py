@@ -33,6 +33,7 @@ class DeviceConfig:
     provider: str = "cpu"       # a key of providers.PROVIDERS
     threads: int = 0            # intra-op threads; 0 = ONNX Runtime's default (all cores)
     provider_options: tuple[tuple[str, str], ...] = ()  # (key, value) pairs for the provider
+    profile_dir: str = ""       # non-empty: every session writes an ONNX Runtime profile there (placement.py)
 
     def __post_init__(self):
         if self.provider not in PROVIDERS:
@@ -141,6 +142,9 @@ class Program:
             if config.threads:
                 so.intra_op_num_threads = config.threads
             so.inter_op_num_threads = 1
+            if config.profile_dir:
+                so.enable_profiling = True
+                so.profile_file_prefix = str(Path(config.profile_dir) / g.name)
             # No busy-waiting between kernels: on a small CPU the spinning pool threads took the
             # cores from the Python thread that prepares the next step (decode 62 -> 84 tok/s).
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
