@@ -1,5 +1,5 @@
 """`calculet inspect`, composed: calbin/'s description of a calbin, plus, with `--provider`, which nodes
-of its graphs that execution provider runs and which fall back to the CPU (runtime/placement.py:
+of its graphs that execution provider runs and which fall back to the CPU (runtime/node_placement.py:
 measured by opening the sessions and running each graph once, so it takes a load's time).
 """
 
@@ -21,7 +21,7 @@ def add_placement_arguments(p: argparse.ArgumentParser, what: str) -> None:
 
 def placements(calbin: str, providers: list[str], options: list[str]):
     """One Placement per provider (a provider that cannot run the calbin raises its usual error)."""
-    from calculet.runtime.placement import measure_placement
+    from calculet.runtime.node_placement import measure_placement
     from calculet.runtime.program import DeviceConfig
     from calculet.runtime.providers import parse_provider_options
 
@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _run_inspect(args: argparse.Namespace) -> int:
     from calculet.calbin.inspect import inspect_calbin
     from calculet.calbin.inspect_render import render_text
-    from calculet.runtime.placement import render_placement
+    from calculet.runtime.node_placement import render_placement
 
     report = inspect_calbin(args.calbin)
     placed = placements(args.calbin, args.provider, args.provider_option)

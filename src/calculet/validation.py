@@ -58,7 +58,7 @@ def _run_validate(args: argparse.Namespace) -> int:
     if args.json == "-":
         print(text)
     else:
-        from calculet.runtime.placement import render_placement
+        from calculet.runtime.node_placement import render_placement
 
         print(calbin_validate.render_table(report))
         for p in placed:

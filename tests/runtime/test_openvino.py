@@ -121,7 +121,7 @@ def test_placement_every_node_runs_on_openvino(portable, capsys):
     """`calculet inspect --provider openvino`: ONNX Runtime hands each portable graph to OpenVINO whole
     (one compiled subgraph per graph) and nothing falls back to the CPU provider."""
     from calculet.cli import main
-    from calculet.runtime.placement import measure_placement
+    from calculet.runtime.node_placement import measure_placement
 
     for arch, weights in (("llama", "int8"), ("gemma3", "fp16")):
         p = measure_placement(portable(arch, weights), DeviceConfig("openvino"))

@@ -1,4 +1,4 @@
-"""Node placement per execution provider, measured from ONNX Runtime's profiler (runtime/placement.py)
+"""Node placement per execution provider, measured from ONNX Runtime's profiler (runtime/node_placement.py)
 and shown by `calculet inspect --provider` and `calculet validate --provider`."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from calculet.cli import main
 from calculet.errors import ModelError
-from calculet.runtime.placement import GraphPlacement, Placement, _count, measure_placement, render_placement
+from calculet.runtime.node_placement import GraphPlacement, Placement, _count, measure_placement, render_placement
 from calculet.runtime.program import DeviceConfig
 
 
