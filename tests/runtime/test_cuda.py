@@ -69,16 +69,21 @@ def test_device_id_must_be_an_index(monkeypatch):
 
 
 def test_host_store_writes_new_rows_to_their_lanes():
-    """write_new maps a graph's output row to a lane (prefill: row 0 -> the job's lane)."""
-    layout = KVLayout("BNSH", "float32", num_layers=2, lanes=3, kv_heads=2, context=8, head_dim=4, in_place=False)
+    """write_new maps a graph's output row to a lane (prefill: row 0 -> the job's lane), and a ring
+    layer's position p to row p mod ring."""
+    layout = KVLayout("BNSH", "float32", num_layers=2, lanes=3, kv_heads=2, context=8, head_dim=4, in_place=False,
+                      layer_lengths=(8, 4))
     store = HostKV(layout)
-    new_k = np.arange(2 * 1 * 2 * 4 * 4, dtype=np.float32).reshape(2, 1, 2, 4, 4)
-    store.write_new([0], [2], [3], [2], new_k, -new_k)
-    assert np.array_equal(store.all_keys[:, 2, :, 3:5], new_k[:, 0, :, :2])
-    assert np.array_equal(store.all_values[:, 2, :, 3:5], -new_k[:, 0, :, :2])
-    assert not store.all_keys[:, :2].any() and not store.all_keys[:, 2, :, :3].any()
+    new_k = np.arange(2 * 1 * 2 * 4 * 4, dtype=np.float32).reshape(2, 1, 2, 4, 4) + 1
+    store.write_new([0], [2], [3], [2], new_k, -new_k)          # positions 3, 4 of lane 2
+    assert np.array_equal(store.keys[0][2, :, 3:5], new_k[0, 0, :, :2])
+    assert np.array_equal(store.values[0][2, :, 3:5], -new_k[0, 0, :, :2])
+    assert np.array_equal(store.keys[1][2, :, 3], new_k[1, 0, :, 0])   # ring of 4: position 3 -> row 3
+    assert np.array_equal(store.keys[1][2, :, 0], new_k[1, 0, :, 1])   # position 4 -> row 0
+    assert not store.keys[0][:2].any() and not store.keys[0][2, :, :3].any()
+    assert store.nbytes == layout.total_bytes
     store.clear(2)
-    assert not store.all_keys.any()
+    assert not any(a.any() for a in store.buffers)
 
 
 # --- on a GPU ---------------------------------------------------------------------------------------
@@ -150,7 +155,7 @@ def test_kv_buffers_are_on_the_gpu(portable):
     d = Device(DeviceConfig("cuda"))
     d.configure(d.load(portable("llama", "fp32")))
     try:
-        assert d.lanes.all_keys.device_name().lower() == "cuda"
+        assert all(b.device_name().lower() == "cuda" for b in d.lanes.buffers)
         assert d.lanes.store.nbytes == d.program.manifest.kv.total_bytes
     finally:
         d.close()

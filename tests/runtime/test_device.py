@@ -51,7 +51,7 @@ def test_lane_lifecycle(device):
     assert lanes.length(got[0]) == 3
     lanes.clear(got[0])
     assert lanes.length(got[0]) == 0 and lanes.in_use(got[0])
-    assert not lanes.all_keys[0][got[0]].any()
+    assert not lanes.keys[0][got[0]].any()
     for lane in got:
         lanes.free(lane)
     assert lanes.free_count() == lanes.count
