@@ -83,7 +83,7 @@ class Device:
         self._inject_load_fault()
         program.open_sessions(self.config)
         self.program = program
-        self.lanes = Lanes(program.manifest.kv)
+        self.lanes = Lanes(program.manifest.kv, program.kv_store())
         self._bindings, self._heads = {}, {}
         if self._worker is None:
             self._start_worker()
@@ -125,7 +125,7 @@ class Device:
         with self._commit:
             self._epoch += 1
             old.kept = (self.program.sessions, getattr(self.program, "_values", None), self._bindings, self._heads,
-                        self.lanes.buffers)
+                        self.lanes.store)
             self._fenced.append(old)
             self.fences += 1
             self.healthy = False
@@ -283,7 +283,7 @@ class Device:
         b.run(head=job.want_logits)
         with self._committing():
             if not b.in_place:
-                lanes.write_new([job.lane], [start], [n], b.new_kv["new_keys"], b.new_kv["new_values"])
+                lanes.write_new([0], [job.lane], [start], [n], b.new_kv["new_keys"], b.new_kv["new_values"])
             self._count_experts(b, slice(0, n))
             t2 = time.perf_counter()
             if job.want_logits:
@@ -318,8 +318,8 @@ class Device:
         b.run()
         with self._committing():
             if not b.in_place:
-                lanes.write_new(rows, [lanes.length(lane) for lane in rows], [1] * len(rows),
-                                b.new_kv["new_keys"][:, rows], b.new_kv["new_values"][:, rows])
+                lanes.write_new(rows, rows, [lanes.length(lane) for lane in rows], [1] * len(rows),
+                                b.new_kv["new_keys"], b.new_kv["new_values"])
             self._count_experts(b, rows)
             t2 = time.perf_counter()
             result = self._fetch(b.head, rows, full_logits, queued, t1 - t0, t2 - t1, t2, graph.name, graph.lanes)
@@ -356,7 +356,8 @@ class Device:
     def _head(self, rows: int, slot: int) -> HeadBinding:
         if (rows, slot) not in self._heads:
             graph = self.program.head_graphs[rows]
-            self._heads[(rows, slot)] = HeadBinding(self.program.sessions[graph.name], graph)
+            self._heads[(rows, slot)] = HeadBinding(self.program.sessions[graph.name], graph, self.lanes.store.device,
+                                                    getattr(self.lanes.store, "device_id", 0))
         return self._heads[(rows, slot)]
 
     def _binding(self, graph_name: str, first_lane: int, slot: int) -> BodyBinding:
