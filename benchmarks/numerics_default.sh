@@ -9,7 +9,7 @@ mkdir -p "$out"
 threads=${THREADS:-1}
 export OMP_NUM_THREADS=$threads
 calculet reference make -o "$out/ref.npz" --prompts 100 --tokens 32 --context 1024
-for policy in default fp32 fp16 int8 int4; do
+for policy in default fp32 fp16 int8 int4 w4a8; do
   calculet compile -o "$out/$policy.calbin" --weights "$policy" --lanes 1 --decode-lanes 1 --context 1024 --no-golden
   calculet compare "$out/$policy.calbin" --reference "$out/ref.npz" --threads "$threads" --json "$out/compare-$policy.json" \
     > "$out/compare-$policy.txt"

@@ -6,6 +6,9 @@ Tests import helpers from this folder (`import tiny_models`), which pytest puts 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 import tiny_models
@@ -13,11 +16,17 @@ import tiny_models
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
+    """tiny_model_dir(arch) -> a tiny HF folder: built here with torch, or, in an environment without
+    torch (the OpenVINO and CUDA ones), taken from $CALCULET_TINY_MODELS/arch (tests/tiny_models.py DIR ...)."""
     made = {}
+    prebuilt = os.environ.get("CALCULET_TINY_MODELS")
 
     def get(arch: str):
         if arch not in made:
-            made[arch] = tiny_models.make_tiny_model(arch, tmp_path_factory.mktemp(f"hf-{arch}"))
+            if prebuilt and (Path(prebuilt) / arch / "config.json").is_file():
+                made[arch] = Path(prebuilt) / arch
+            else:
+                made[arch] = tiny_models.make_tiny_model(arch, tmp_path_factory.mktemp(f"hf-{arch}"))
         return made[arch]
 
     return get
@@ -25,20 +34,20 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_calbin(tiny_model_dir, tmp_path_factory):
-    """tiny_calbin(arch, lanes=4, context=64, chunks=(4, 16), golden=False, weights="fp32", chips=1, partition="")
-    -> calbin path."""
+    """tiny_calbin(arch, lanes=4, context=64, chunks=(4, 16), golden=False, weights="fp32", target="cpu", chips=1,
+    partition="") -> calbin path."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
     made = {}
 
     def get(arch: str, lanes: int = 4, context: int = 64, chunks=(4, 16), golden: bool = False, weights: str = "fp32",
-            chips: int = 1, partition: str = ""):
-        key = (arch, lanes, context, tuple(chunks), golden, weights, chips, partition)
+            target: str = "cpu", chips: int = 1, partition: str = ""):
+        key = (arch, lanes, context, tuple(chunks), golden, weights, target, chips, partition)
         if key not in made:
             out = tmp_path_factory.mktemp(f"calbin-{arch}") / "model.calbin"
             options = CompileOptions(lanes=lanes, context=context, prefill_chunks=tuple(chunks), golden=golden, weights=weights,
-                                     chips=chips, partition=partition)
+                                     target=target, chips=chips, partition=partition)
             made[key] = compile_calbin(str(tiny_model_dir(arch)), out, options, log=lambda _m: None)
         return made[key]
 

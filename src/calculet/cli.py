@@ -16,7 +16,7 @@ from calculet.errors import CalculetError
 _COMMANDS = [
     "calculet.compiler.cli",   # compile
     "calculet.run",            # run
-    "calculet.calbin.cli",     # inspect
+    "calculet.inspection",     # inspect (calbin/cli.py, plus --provider placement through the runtime)
     "calculet.validation",     # validate (gates A-E from calbin/, gate F through the runtime)
     "calculet.planner.cli",    # plan
     "calculet.server.cli",     # serve

@@ -9,12 +9,14 @@ when every gate lived in calbin/.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from calculet import golden_gate
 from calculet.calbin import validate as calbin_validate
 from calculet.calbin.validate_report import Rule, ValidationOptions, ValidationReport
 from calculet.errors import RequestError
+from calculet.inspection import add_placement_arguments, placements
 
 LATER_GATES = (("F", golden_gate),)
 
@@ -43,6 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chip-memory", type=int, default=0, metavar="BYTES",
                    help="a --chips N calbin: gate P fails when a chip's memory plan exceeds BYTES (0: no budget)")
     p.add_argument("--json", metavar="OUT", default=None, help="also write the report as JSON to OUT ('-': print JSON only)")
+    add_placement_arguments(p, "also report")
     p.set_defaults(func=_run_validate)
 
 
@@ -51,10 +54,18 @@ def _run_validate(args: argparse.Namespace) -> int:
         raise RequestError("bad_argument", "--fast skips the full hash; pass either --fast or --full-hash, not both")
     report = validate_calbin(args.calbin, ValidationOptions(full_hash=args.full_hash, numerics=not args.fast,
                                                                     chip_memory_bytes=args.chip_memory))
+    placed = placements(args.calbin, args.provider, args.provider_option) if report.exit_code() != 2 else []
+    text = report.to_json_text()
+    if placed:  # the report's JSON plus a "placement" list
+        text = json.dumps({**json.loads(text), "placement": [p.to_dict() for p in placed]}, indent=1)
     if args.json == "-":
-        print(report.to_json_text())
+        print(text)
     else:
+        from calculet.runtime.node_placement import render_placement
+
         print(calbin_validate.render_table(report))
+        for p in placed:
+            print(render_placement(p))
         if args.json is not None:
-            Path(args.json).write_text(report.to_json_text() + "\n")
+            Path(args.json).write_text(text + "\n")
     return report.exit_code(strict=args.strict)

@@ -115,3 +115,20 @@ def test_portable_calbin_from_before_the_fix_is_refused():
     with pytest.raises(ModelError) as e:
         choose_provider("openvino", (), "portable", {"input_ids", "seqlens_k", "total_seq_len"})
     assert e.value.code == "calbin_too_old" and "recompile" in str(e.value)
+
+
+def test_placement_every_node_runs_on_openvino(portable, capsys):
+    """`calculet inspect --provider openvino`: ONNX Runtime hands each portable graph to OpenVINO whole
+    (one compiled subgraph per graph) and nothing falls back to the CPU provider."""
+    from calculet.cli import main
+    from calculet.runtime.node_placement import measure_placement
+
+    for arch, weights in (("llama", "int8"), ("gemma3", "fp16")):
+        p = measure_placement(portable(arch, weights), DeviceConfig("openvino"))
+        assert p.fallback_ops() == {}
+        for g in p.graphs:
+            assert set(g.providers()) == {"OpenVINOExecutionProvider"}, g
+            assert all("-EP-subgraph" in op for op in g.on("OpenVINOExecutionProvider")), g
+    assert main(["inspect", str(portable("llama", "int8")), "--provider", "openvino", "--provider", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "placement on openvino" in out and "falls back to the CPU: nothing" in out and "placement on cpu" in out

@@ -30,8 +30,8 @@ def test_cpu_target_refuses_openvino_before_looking_for_it():
 
 
 def test_unknown_provider_and_cpu_options_are_refused():
-    with pytest.raises(ModelError, match="supported: cpu, openvino"):
-        DeviceConfig("cuda")
+    with pytest.raises(ModelError, match="supported: cpu, cuda, openvino"):
+        DeviceConfig("tpu")
     with pytest.raises(ModelError, match="takes no --provider-option"):
         choose_provider("cpu", (("device_type", "CPU"),), "portable", set())
     assert choose_provider("cpu", (), "portable", set()).providers == ("CPUExecutionProvider",)

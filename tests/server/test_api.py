@@ -1,10 +1,16 @@
-"""The OpenAI API of `calculet serve` on a tiny model (8 lanes): one server for the whole module."""
+"""The OpenAI API of `calculet serve` on a tiny model (8 lanes): one server per execution provider.
+
+Nothing here depends on the provider, so every test runs on each one present: the CPU provider (a
+cpu-target calbin) and, where onnxruntime-openvino is installed (.ci/run-openvino), OpenVINO (the same
+model compiled --target portable, served with --provider openvino).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
 
+import onnxruntime as ort
 import openai
 import pytest
 
@@ -12,9 +18,15 @@ PROMPTS = ["The quick brown fox", "Paris is the capital of", "def main():", "El 
            "Static graphs run on", "the lazy dog", "東京は日本の首都です。", "return 42"]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_calbin, start_server):
-    return start_server(tiny_calbin("llama", lanes=8, context=128, chunks=(4, 16)))
+PROVIDERS = ["cpu"] + (["openvino"] if "OpenVINOExecutionProvider" in ort.get_available_providers() else [])
+
+
+@pytest.fixture(scope="module", params=PROVIDERS)
+def server(request, tiny_calbin, start_server):
+    if request.param == "cpu":
+        return start_server(tiny_calbin("llama", lanes=8, context=128, chunks=(4, 16)))
+    calbin = tiny_calbin("llama", lanes=8, context=128, chunks=(4, 16), target="portable")
+    return start_server(calbin, "--provider", request.param, timeout=180)
 
 
 @pytest.fixture(scope="module")

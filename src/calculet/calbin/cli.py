@@ -1,5 +1,8 @@
 """`calculet inspect`: what a calbin holds (`calculet validate` is calculet/validation.py, `calculet plan` planner/).
 
+calculet/inspection.py registers this parser and adds `--provider` (node placement, measured through
+the runtime, which calbin/ must not import).
+
 Each subcommand registers itself with one small `_add_<name>(sub)` function and sets
 `func(args) -> int`. Heavy imports stay inside the `_run_<name>` functions so `calculet --help`
 stays fast. A bad calbin raises `ModelError`; the top-level CLI prints it on one line (exit 2).
@@ -10,13 +13,13 @@ from __future__ import annotations
 import argparse
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    _add_inspect(sub)
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    return _add_inspect(sub)
 
 
 # ---- inspect ----------------------------------------------------------------------------------
 
-def _add_inspect(sub: argparse._SubParsersAction) -> None:
+def _add_inspect(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "inspect", help="what a calbin holds: summary, graph I/O, op inventory, memory plan, quantization",
         description="Describe a calbin without running it: manifest summary, each graph's inputs and outputs, "
@@ -25,6 +28,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("calbin", metavar="CALBIN", help="the calbin folder")
     p.add_argument("--json", action="store_true", help="print the InspectReport as JSON")
     p.set_defaults(func=_run_inspect)
+    return p
 
 
 def _run_inspect(args: argparse.Namespace) -> int:

@@ -149,7 +149,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
                 signatures[n] = gs = replace(gs, outputs=gs.outputs + G.probe_outputs(model))
             onnx.save_model(model, str(folder / gs.file))
 
-    golden = _golden(folder, source, spec, tok, profile, options, log)
+    golden = _golden(folder, source, spec, tok, profile, options, log, _is_default_model(source_arg))
     weights_info = WeightsInfo(f"graphs/{WEIGHTS_FILE}", weights.nbytes,
                                "MatMul weights [in, out]; embeddings and lm_head [vocab, hidden]",
                                tuple(WeightTensor(e.name, e.dtype, tuple(e.shape), e.offset, e.nbytes) for e in weights.entries))
@@ -220,7 +220,20 @@ def _file_table(folder: Path) -> dict[str, FileEntry]:
     return table
 
 
-def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, log) -> GoldenInfo | None:
+def _is_default_model(source_arg: str | None) -> bool:
+    """The embedded default model: no source given, or the path of the GGUF its package assembles."""
+    if source_arg is None:
+        return True
+    try:
+        from calculet.sources.resolve import default_model_path
+
+        return Path(source_arg).resolve() == Path(default_model_path()).resolve()
+    except Exception:  # the package is not installed: not the default model
+        return False
+
+
+def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, log,
+            default_model: bool = False) -> GoldenInfo | None:
     if not options.golden:
         return None
     try:
@@ -231,7 +244,7 @@ def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, l
         return None
     prompts = golden_mod.golden_prompt_ids(source.tokenizer_json, tok.bos_token_id if tok.add_bos_token else None,
                                            spec.vocab_size, spec.sliding_window, profile.context)
-    thresholds = golden_thresholds(_golden_policy(options))
+    thresholds = golden_thresholds(_golden_policy(options), default_model=default_model)
     with _progress(len(prompts), "golden (reference run)", "prompt") as bar:
         golden = golden_mod.make_golden(source, prompts, n_tokens=options.golden_tokens, topk=10,
                                         thresholds=thresholds, progress=bar)
@@ -249,8 +262,30 @@ def _golden_policy(options: CompileOptions) -> str:
     return options.weights
 
 
-def golden_thresholds(policy: str):
-    """fp32 graphs must match the reference tightly; quantized ones within the policy's stated bounds."""
+# Gate F bounds measured on the embedded default model (Gemma 3 270M, Q4_K_M; docs/NUMERICS.md), which
+# replace a policy's generic bounds when that model is compiled. Measured for the default policy on
+# the golden set (6 prompts x 32 tokens; `calculet validate`): teacher-forced agreement 0.974 (187/192;
+# 0.975 over the 100-prompt reference set), worst logits cosine 0.99996, worst max |logit error| on the
+# reference top-10 0.244, worst top-10 overlap 0.9. Margins: agreement 2.4 points (5 more of the 192
+# forced tokens lost fails; w8a8 without the coarse head's rescoring measured 0.953), cosine 12x the
+# measured 1 - cos, max error 2x. Top-10 overlap stays at the generic 0.9 (already the measured worst),
+# per-prompt free-running agreement at 0 (measured worst 0.06: one near-tie forks a continuation; over
+# the 100 prompts one forked at its first step). Other models keep the generic bounds: tiny random
+# models under the same policy measured forced agreement 0.919 (Mixtral) to 0.981 (Qwen2-MoE), from
+# their near-tied logits, not from quantization.
+DEFAULT_MODEL_BOUNDS = {"default": {"forced_agreement": 0.95, "logits_cosine": 0.9995, "max_abs_logit_error": 0.5}}
+
+
+def golden_thresholds(policy: str, default_model: bool = False):
+    """fp32 graphs must match the reference tightly; quantized ones within the policy's stated bounds
+    (tighter ones where measured on the embedded default model: DEFAULT_MODEL_BOUNDS)."""
+    generic = _generic_thresholds(policy)
+    if default_model and policy in DEFAULT_MODEL_BOUNDS:
+        return replace(generic, **DEFAULT_MODEL_BOUNDS[policy])
+    return generic
+
+
+def _generic_thresholds(policy: str):
     from calculet.reference.golden import Thresholds
 
     if policy == "fp32":

@@ -161,7 +161,7 @@ class Device:
         with self._commit:
             self._epoch += 1
             old.kept = (self.program.sessions, getattr(self.program, "_values", None), self._bindings, self._heads,
-                        self.lanes.buffers, self.program.renew_kv())
+                        self.lanes.store, self.program.renew_kv())
             self._fenced.append(old)
             self.fences += 1
             self.healthy = False
@@ -321,7 +321,7 @@ class Device:
         b.run(head=job.want_logits)
         with self._committing():
             if not b.in_place:
-                lanes.write_new([job.lane], [start], [n], b.new_kv["new_keys"], b.new_kv["new_values"])
+                lanes.write_new([0], [job.lane], [start], [n], b.new_kv["new_keys"], b.new_kv["new_values"])
             self._count_experts(b, slice(0, n))
             t2 = time.perf_counter()
             if job.want_logits:
@@ -356,8 +356,8 @@ class Device:
         b.run()
         with self._committing():
             if not b.in_place:
-                lanes.write_new(rows, [lanes.length(lane) for lane in rows], [1] * len(rows),
-                                b.new_kv["new_keys"][:, rows], b.new_kv["new_values"][:, rows])
+                lanes.write_new(rows, rows, [lanes.length(lane) for lane in rows], [1] * len(rows),
+                                b.new_kv["new_keys"], b.new_kv["new_values"])
             self._count_experts(b, rows)
             t2 = time.perf_counter()
             result = self._fetch(b.head, rows, full_logits, queued, t1 - t0, t2 - t1, t2, graph.name, graph.lanes)
@@ -393,7 +393,8 @@ class Device:
     # --- helpers -------------------------------------------------------------------------
     def _head(self, rows: int, slot: int) -> HeadBinding:
         if (rows, slot) not in self._heads:
-            self._heads[(rows, slot)] = self.program.head_binding(rows)
+            self._heads[(rows, slot)] = self.program.head_binding(rows, self.lanes.store.device,
+                                                                  getattr(self.lanes.store, "device_id", 0))
         return self._heads[(rows, slot)]
 
     def _binding(self, graph_name: str, first_lane: int, slot: int) -> BodyBinding:

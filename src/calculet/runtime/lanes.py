@@ -3,7 +3,8 @@
 Per layer a K and a V buffer of shape [lanes, kv_heads, length, head_dim] (float32) live for the
 whole life of the device; graphs read and write them in place. length is the context, or for a
 sliding-window layer compiled with a ring the ring length (position p lives in row p mod ring).
-A lane is one batch row of the decode graph and owns `length` positions of those buffers.
+A lane is one batch row of the decode graph and owns `length` positions of those buffers. The
+buffers are a `kv_store` store: on the host by default, on the GPU for the CUDA provider.
 
 A lane freed with `keep=True` stays free but keeps its length and KV (a warm lane, for the engine's
 prefix cache) until `take` hands it out again with a prefix of that KV, or `allocate` empties it.
@@ -15,47 +16,43 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
-
 from calculet.calbin.manifest import KVLayout
 from calculet.errors import RequestError
+from calculet.runtime.kv_store import HostKV
 
 
 class Lanes:
-    def __init__(self, kv: KVLayout):
+    def __init__(self, kv: KVLayout, make_store=HostKV):
         self.layout = kv
-        # One array per K and V: [layers, B, Nkv, C, D]; per-layer views [B, Nkv, C, D] for the graphs.
         self.epoch = 0
+        self._make_store = make_store   # KVLayout -> HostKV | CudaKV
         self.renew_buffers()
         self._in_use = [False] * kv.lanes
         self._length = [0] * kv.lanes
         self._lock = threading.Lock()
 
     def renew_buffers(self) -> None:
-        """Fresh, zeroed KV buffers (after a fence: a stuck graph may still write into the old ones).
-        One K and one V array per buffer length, [layers of that length, B, Nkv, length, D]; `keys[i]`
-        and `values[i]` are layer i's views [B, Nkv, length, D] for the graphs."""
-        kv = self.layout
+        """Fresh, zeroed KV buffers (after a fence: a stuck graph may still write into the old ones)."""
         self.epoch += 1
-        self.groups: list[tuple[tuple[int, ...], np.ndarray, np.ndarray]] = []
-        self.keys: list[np.ndarray] = [None] * kv.num_layers
-        self.values: list[np.ndarray] = [None] * kv.num_layers
-        for length in sorted(set(kv.layer_lengths), reverse=True):
-            layers = tuple(i for i, n in enumerate(kv.layer_lengths) if n == length)
-            shape = (len(layers), *kv.layer_shape(layers[0]))
-            keys, values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-            self.groups.append((layers, keys, values))
-            for j, layer in enumerate(layers):
-                self.keys[layer], self.values[layer] = keys[j], values[j]
+        self.store = self._make_store(self.layout)
+
+    # The host store's arrays (HostKV): layer i's views keys[i] / values[i] [B, Nkv, length, D].
+    @property
+    def keys(self):
+        return self.store.keys
 
     @property
-    def buffers(self) -> tuple[np.ndarray, ...]:
-        """Every KV array the lanes own (to keep a fenced worker's buffers alive)."""
-        return tuple(a for _, k, v in self.groups for a in (k, v))
+    def values(self):
+        return self.store.values
+
+    @property
+    def buffers(self) -> tuple:
+        """Every KV buffer the lanes own (to keep a fenced worker's buffers alive)."""
+        return self.store.buffers
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.buffers)
+        return self.store.nbytes
 
     @property
     def count(self) -> int:
@@ -103,8 +100,7 @@ class Lanes:
         with self._lock:
             self._check(lane)
             self._length[lane] = 0
-        for array in self.buffers:
-            array[:, lane].fill(0.0)
+        self.store.clear(lane)
 
     def rewind(self, lane: int, length: int) -> None:
         """Keep only the lane's first `length` tokens; the next job continues at that position. Its KV
@@ -125,18 +121,12 @@ class Lanes:
     def free_count(self) -> int:
         return self._in_use.count(False)
 
-    def write_new(self, rows: list[int], starts: list[int], counts: list[int], new_keys: np.ndarray,
-                  new_values: np.ndarray) -> None:
-        """Store a step's K/V ([layers, rows, Nkv, S, D], from a graph that cannot write in place):
-        row r's first counts[r] tokens are positions starts[r].. of lane rows[r], all layers at once
-        (a ring layer's position p goes to row p mod ring)."""
-        for layers, keys, values in self.groups:
-            length, which = keys.shape[3], np.array(layers)
-            ring = length != self.layout.context
-            for r, (lane, start, n) in enumerate(zip(rows, starts, counts)):
-                slots = np.arange(start, start + n) % length if ring else slice(start, start + n)
-                keys[:, lane][:, :, slots] = new_keys[:, r, :, :n][which]      # [layers, Nkv, n, D]
-                values[:, lane][:, :, slots] = new_values[:, r, :, :n][which]
+    def write_new(self, src_rows: list[int], lanes: list[int], starts: list[int], counts: list[int], new_keys,
+                  new_values) -> None:
+        """Store a step's K/V ([layers, R, Nkv, S, D], from a graph that cannot write in place): row
+        src_rows[i]'s first counts[i] tokens are positions starts[i].. of lane lanes[i], all layers at
+        once (a ring layer's position p goes to row p mod ring)."""
+        self.store.write_new(src_rows, lanes, starts, counts, new_keys, new_values)
 
     def advance(self, lane: int, n: int) -> None:
         self._length[lane] += n

@@ -87,7 +87,8 @@ class PartitionedProgram(Program):
         """Bookkeeping only: lanes and lengths; the KV lives on the chips."""
         return Lanes(replace(self.manifest.kv, num_layers=0, layer_lengths=()))
 
-    def head_binding(self, rows: int) -> HeadBinding:
+    def head_binding(self, rows: int, device: str = "cpu", device_id: int = 0) -> HeadBinding:
+        """On the head chip; chips keep host KV (partitioned calbins are cpu-target), so `device` is cpu."""
         graph = self.head_graphs[rows]
         part = self.parts[self.partition.head_chip]
         return HeadBinding(part.sessions[graph.name], part.graph(graph.name))

@@ -24,6 +24,7 @@ from calculet.calbin.manifest import Manifest, read_manifest, verify_files
 from calculet.cpu_features import detect
 from calculet.errors import DeviceError, ModelError
 from calculet.runtime.heap import trim_heap
+from calculet.runtime.kv_store import CudaKV, HostKV
 from calculet.runtime.providers import PROVIDERS, check_active, choose_provider
 
 
@@ -32,6 +33,7 @@ class DeviceConfig:
     provider: str = "cpu"       # a key of providers.PROVIDERS
     threads: int = 0            # intra-op threads; 0 = ONNX Runtime's default (all cores)
     provider_options: tuple[tuple[str, str], ...] = ()  # (key, value) pairs for the provider
+    profile_dir: str = ""       # non-empty: every session writes an ONNX Runtime profile there (placement.py)
 
     def __post_init__(self):
         if self.provider not in PROVIDERS:
@@ -57,6 +59,7 @@ class Program:
             logging.getLogger("calculet.runtime").warning("%s: %s", self.path.name, warning)
         self.graphs = list(self.manifest.graphs)
         self.sessions: dict[str, object] = {}
+        self.choice = None                    # the ProviderChoice of open_sessions
         self._weights = None
         self.load_seconds = 0.0
         if chip_part:
@@ -135,12 +138,13 @@ class Program:
 
     def make_lanes(self):
         from calculet.runtime.lanes import Lanes
-        return Lanes(self.manifest.kv)
+        return Lanes(self.manifest.kv, self.kv_store())
 
-    def head_binding(self, rows: int):
+    def head_binding(self, rows: int, device: str = "cpu", device_id: int = 0):
+        """`device`/`device_id`: where the lanes' KV store lives (the head's outputs are bound there)."""
         from calculet.runtime.bindings import HeadBinding
         graph = self.head_graphs[rows]
-        return HeadBinding(self.sessions[graph.name], graph)
+        return HeadBinding(self.sessions[graph.name], graph, device, device_id)
 
     def body_binding(self, name: str, lanes, first_lane: int, head):
         from calculet.runtime.bindings import BodyBinding
@@ -163,7 +167,7 @@ class Program:
 
         t0 = time.perf_counter()
         body_inputs = {t.name for g in self.graphs if g.type != HEAD for t in g.inputs}
-        choice = choose_provider(config.provider, config.provider_options, self.manifest.target, body_inputs)
+        choice = self.choice = choose_provider(config.provider, config.provider_options, self.manifest.target, body_inputs)
         values = self._values = self._weight_values()  # OrtValues must outlive the sessions
         self.sessions = {}
         for g in self.graphs:
@@ -172,6 +176,9 @@ class Program:
             if config.threads:
                 so.intra_op_num_threads = config.threads
             so.inter_op_num_threads = 1
+            if config.profile_dir:
+                so.enable_profiling = True
+                so.profile_file_prefix = str(Path(config.profile_dir) / g.name)
             # No busy-waiting between kernels: on a small CPU the spinning pool threads took the
             # cores from the Python thread that prepares the next step (decode 62 -> 84 tok/s).
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -189,6 +196,15 @@ class Program:
             self._release_mapped_pages()  # after each session, so prepacking temporaries never pile up
             trim_heap()
         self.load_seconds = time.perf_counter() - t0
+
+    def kv_store(self):
+        """KVLayout -> the lanes' KV store for the chosen provider: GPU-resident for CUDA, host otherwise."""
+        if self.choice is not None and self.choice.name == "cuda":
+            from calculet.runtime.cudart import CudaRuntime
+
+            device_id, cudart = int(self.choice.options[0]["device_id"]), CudaRuntime()
+            return lambda layout: CudaKV(layout, device_id, cudart)
+        return HostKV
 
     def _release_mapped_pages(self) -> None:
         """Prepacking read every weight once; hand those file pages back to the page cache. Tensors the
