@@ -117,8 +117,8 @@ class Device:
                                                     f"{program.chip_count} chip(s) or recompile with --chips {len(self.chips)}")
         for memory, chip in zip(program.chip_memory(), self.chips):
             check_budget(memory, chip)
-        if program.chip_count == 1:
-            program.open_sessions(self.chips[0].device_config())
+        if program.chip_count == 1:  # unnamed: the device's own config (profile_dir and all), as before chips
+            program.open_sessions(self.chips[0].device_config() if self._chips_given else self.config)
         else:
             program.open_sessions(self.chips)
 
