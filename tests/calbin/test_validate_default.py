@@ -1,4 +1,4 @@
-"""validate and inspect on the default model's calbin (Gemma 3 270M, 8 lanes, context 1024)."""
+"""validate and inspect on the default model's calbin (Gemma 3 270M, 8 lanes, context 1024, KV rings)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from calculet.validation import ValidationOptions, validate_calbin
 from calculet.calbin.validate_report import Overall, Status
 from calculet.cli import main
+from calculet.calbin.manifest import read_manifest
 
 pytestmark = pytest.mark.slow
 FAST_BUDGET_S = 5.0
@@ -48,4 +49,11 @@ def test_inspect_json_parses_back(calbin, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["model"]["vocab_size"] == 262144
     decode = max((g for g in doc["graphs"] if g["type"] == "decode"), key=lambda g: g["lanes"])
-    assert {"domain": "com.microsoft", "op_type": "GroupQueryAttention", "count": 18, "standard": False} in decode["ops"]["ops"]
+    ops = {(o["domain"], o["op_type"]): o["count"] for o in decode["ops"]["ops"]}
+    # Gemma 3 270M: 3 full-attention layers run GroupQueryAttention over the whole context; the 15
+    # sliding-window layers keep a 640-row ring (compiler/attention_ring.py: one Softmax each).
+    kv = read_manifest(calbin).kv
+    rings = sum(1 for n in kv.layer_lengths if n != kv.context)
+    assert (rings, kv.ring) == (15, 640)
+    assert ops[("com.microsoft", "GroupQueryAttention")] == kv.num_layers - rings == 3
+    assert ops[("ai.onnx", "Softmax")] == rings

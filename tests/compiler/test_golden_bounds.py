@@ -17,10 +17,13 @@ def test_default_model_bound_is_tighter_than_the_generic_one():
     generic = golden_thresholds("default")
     assert measured.forced_agreement == DEFAULT_MODEL_BOUNDS["default"]["forced_agreement"] == 0.95
     assert measured.forced_agreement > generic.forced_agreement
-    assert measured.logits_cosine == 0.9995 > generic.logits_cosine
-    assert measured.max_abs_logit_error == 0.5 < generic.max_abs_logit_error
-    # the golden set's measured worst values (0.99996, 0.244) pass with their margin
-    assert 0.99996 >= measured.logits_cosine and 0.244 <= measured.max_abs_logit_error
+    assert measured.logits_cosine == 0.998 > generic.logits_cosine
+    # max |logit error| is the one bound looser than the generic guess (1.0): the default layout (KV
+    # rings) measured 0.854 on the golden set, so 1.0 left no margin against int8-activation chaos
+    assert measured.max_abs_logit_error == 1.5 > generic.max_abs_logit_error
+    # the golden set's measured worst values pass with their margin, in both KV layouts
+    for cosine, max_abs in ((0.999525, 0.854), (0.99996, 0.244)):  # rings, --no-kv-ring
+        assert cosine >= measured.logits_cosine and max_abs <= measured.max_abs_logit_error
     for policy in ("fp32", "fp16", "int8", "int4"):  # measured bounds only where measured
         assert golden_thresholds(policy, default_model=True) == golden_thresholds(policy)
 

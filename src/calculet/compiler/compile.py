@@ -264,16 +264,21 @@ def _golden_policy(options: CompileOptions) -> str:
 
 # Gate F bounds measured on the embedded default model (Gemma 3 270M, Q4_K_M; docs/NUMERICS.md), which
 # replace a policy's generic bounds when that model is compiled. Measured for the default policy on
-# the golden set (6 prompts x 32 tokens; `calculet validate`): teacher-forced agreement 0.974 (187/192;
-# 0.975 over the 100-prompt reference set), worst logits cosine 0.99996, worst max |logit error| on the
-# reference top-10 0.244, worst top-10 overlap 0.9. Margins: agreement 2.4 points (5 more of the 192
-# forced tokens lost fails; w8a8 without the coarse head's rescoring measured 0.953), cosine 12x the
-# measured 1 - cos, max error 2x. Top-10 overlap stays at the generic 0.9 (already the measured worst),
-# per-prompt free-running agreement at 0 (measured worst 0.06: one near-tie forks a continuation; over
-# the 100 prompts one forked at its first step). Other models keep the generic bounds: tiny random
-# models under the same policy measured forced agreement 0.919 (Mixtral) to 0.981 (Qwen2-MoE), from
-# their near-tied logits, not from quantization.
-DEFAULT_MODEL_BOUNDS = {"default": {"forced_agreement": 0.95, "logits_cosine": 0.9995, "max_abs_logit_error": 0.5}}
+# the golden set (6 prompts x 32 tokens; `calculet validate`), 8 lanes, context 1024:
+#   KV rings (the default layout): forced agreement 0.979, worst cosine 0.999525, worst max |logit
+#     error| on the reference top-10 0.854, worst top-10 overlap 1.0;
+#   --no-kv-ring: forced 0.974 (0.975 over the 100-prompt reference set), cosine 0.99996, max 0.244.
+# The two layouts agree to 3e-5 in fp32 (both 2.9e-5 from the reference); the int8 activations of
+# the default policy turn that into different rounding downstream, so the per-prompt worst cosine and
+# max error move by 10x and 3.5x between two equally exact attentions. Bounds: agreement >= 0.95
+# (5 more of the 192 forced tokens lost fails; w8a8 without the coarse head's rescoring measured
+# 0.953), cosine >= 0.998 (4x the worse layout's 1 - cos), max error <= 1.5 (1.75x; looser than the
+# generic 1.0, which left no margin over the ring build's 0.854). Top-10 overlap
+# stays at the generic 0.9, per-prompt free-running agreement at 0 (measured worst 0.06: one
+# near-tie forks a continuation). Other models keep the generic bounds: tiny random models under the
+# same policy measured forced agreement 0.919 (Mixtral) to 0.981 (Qwen2-MoE), from their near-tied
+# logits, not from quantization.
+DEFAULT_MODEL_BOUNDS = {"default": {"forced_agreement": 0.95, "logits_cosine": 0.998, "max_abs_logit_error": 1.5}}
 
 
 def golden_thresholds(policy: str, default_model: bool = False):
