@@ -91,7 +91,8 @@ def server_config(args) -> ServerConfig:
                           served_model_name=args.served_model_name, threads=args.threads,
                           chat_template=args.chat_template, provider=args.provider,
                           provider_options=parse_provider_options(args.provider_option), max_body_bytes=args.max_body_bytes,
-                          drain_timeout_s=args.drain_timeout, job_timeout_s=args.job_timeout, chips=args.chips, partition=args.partition,
+                          drain_timeout_s=args.drain_timeout, job_timeout_s=args.job_timeout, chips=args.chips,
+                          partition=args.partition,
                           chip_memory=parse_bytes(args.chip_memory) if args.chip_memory else None,
                           admin_key=args.admin_key, prefix_cache=args.prefix_cache)
     specs: tuple[ModelSpec, ...] = ()
