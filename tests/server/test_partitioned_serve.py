@@ -196,3 +196,30 @@ def test_serve_partition_compiles_a_source_for_two_chips(tiny_model_dir, start_s
                                                                ignore_eos=True))[0].outputs[0].token_ids)
     assert token_ids(complete(server, model, PROMPTS[0])) == alone
     assert collectives(server.all_metrics(), model)["bytes/all_reduce"] > 0
+
+
+@pytest.mark.slow
+def test_default_model_served_on_two_chips_tp_and_pp_gives_the_one_chip_answers(default_calbin_fp32, tmp_path_factory,
+                                                                                start_server):
+    """The default model (fp32) compiled for 2 chips, tp and pp, served beside its 1-chip calbin under
+    concurrent load: every answer is the 1-chip one's, alone."""
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions
+
+    split = {}
+    for partition in ("tp", "pp"):
+        split[partition] = tmp_path_factory.mktemp(f"default-serve-{partition}") / "model.calbin"
+        compile_calbin(None, split[partition], CompileOptions(lanes=2, context=256, weights="fp32", golden=False, chips=2,
+                                                              partition=partition), log=print)
+    server = start_server([f"one={default_calbin_fp32}", f"tp={split['tp']}", f"pp={split['pp']}"], "--chips", "2",
+                          timeout=600)
+    prompts = PROMPTS[:3]
+    alone = [token_ids(complete(server, "one", p)) for p in prompts]
+    jobs = [(model, i) for i in range(len(prompts)) for model in ("tp", "pp", "one")]
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(lambda job: token_ids(complete(server, job[0], prompts[job[1]])), jobs))
+    for (model, i), ids in zip(jobs, got):
+        assert ids == alone[i], (model, prompts[i])
+    m = server.all_metrics()
+    assert m['calculet_collective_bytes_total{kind="all_reduce",model="tp"}'] > 0
+    assert m['calculet_collective_bytes_total{kind="send",model="pp"}'] > 0
