@@ -13,6 +13,15 @@ across variants. tokens/s = n x steps / seconds. Collective share = the host tim
 `runtime.collectives.Collectives` measured during the timed steps / their wall time; bytes per step
 are what it counted (the same as `calculet plan --partition` predicts).
 
+--served measures the same variants through `calculet serve` instead (one server per variant, started
+with `--chips 1` or `--chips 2`, all up at once and measured in turn): n concurrent /v1/completions
+requests of --steps tokens each (greedy, ignore_eos); tokens/s = n x steps / wall time of the batch
+(prefill and HTTP included), collective share = the growth of `calculet_collective_seconds_total`
+/ that wall time, bytes per token = the growth of `calculet_collective_bytes_total` / tokens.
+
+    python benchmarks/chips.py --served                          # the default model, served
+    python benchmarks/chips.py --served --tiny llama --steps 4 --rounds 1   # smoke
+
 Record the machine with the numbers: nproc, and the CPU features
 (grep -o -w 'avx2\\|avx512f\\|avx512_vnni\\|avx_vnni\\|amx_int8' /proc/cpuinfo | sort -u).
 """
@@ -86,6 +95,49 @@ def _round(device, streams: int, steps: int, warmup: int) -> tuple[float, float,
             device.lanes.free(lane)
 
 
+def _servers(calbins: dict[str, Path], workdir: Path) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from serving import Server
+
+    servers = {}
+    try:
+        for name, chips, _ in VARIANTS:
+            log = workdir / f"serve-{chips}{name.split()[-1].lower()}.log"
+            servers[name] = Server([f"m={calbins[name]}"], log, "--chips", str(chips)).wait_ready(600)
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
+    return servers
+
+
+def _collective_totals(server) -> tuple[float, float]:
+    """(seconds, bytes) the server's collectives have taken so far."""
+    m = server.all_metrics()
+    seconds = sum(v for k, v in m.items() if k.startswith("calculet_collective_seconds_total"))
+    nbytes = sum(v for k, v in m.items() if k.startswith("calculet_collective_bytes_total"))
+    return seconds, nbytes
+
+
+def _served_round(server, streams: int, steps: int) -> tuple[float, float, int]:
+    """(seconds, collective seconds, collective bytes per token) for `streams` concurrent requests of `steps` tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> int:
+        r = server.post("/v1/completions", {"model": "m", "prompt": f"Tell me a story about the number {i}.",
+                                             "max_tokens": steps, "temperature": 0, "ignore_eos": True})
+        r.raise_for_status()
+        return r.json()["usage"]["completion_tokens"]
+
+    coll0, bytes0 = _collective_totals(server)
+    with ThreadPoolExecutor(streams) as pool:
+        t0 = time.perf_counter()
+        tokens = sum(pool.map(one, range(streams)))
+        seconds = time.perf_counter() - t0
+    coll1, bytes1 = _collective_totals(server)
+    return seconds, coll1 - coll0, int((bytes1 - bytes0) / max(1, tokens))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", default=None, help="a tiny random architecture (llama, qwen3, gemma3) instead of the default model")
@@ -98,25 +150,34 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds per variant, interleaved; the best is kept")
     p.add_argument("--workdir", default=str(Path.home() / ".cache" / "calculet-bench-chips"))
     p.add_argument("--out", default=None, help="also write the table to this markdown file")
+    p.add_argument("--served", action="store_true", help="measure through `calculet serve` (HTTP) instead of in-process")
     args = p.parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
     if max(streams) > args.lanes:
         p.error(f"--streams {max(streams)} exceeds --lanes {args.lanes}")
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     calbins = _calbins(args)
-    devices = {name: _device(calbins[name], chips) for name, chips, _ in VARIANTS}
+    if args.served:
+        targets = _servers(calbins, Path(args.workdir))
+        measure, close = (lambda t, n: _served_round(t, n, args.steps)), (lambda t: t.stop())
+        for server in targets.values():     # warm-up: the first requests of each server are not timed
+            _served_round(server, 1, args.warmup)
+    else:
+        targets = {name: _device(calbins[name], chips) for name, chips, _ in VARIANTS}
+        measure, close = (lambda t, n: _round(t, n, args.steps, args.warmup)), (lambda t: t.close())
     best: dict[tuple[str, int], tuple[float, float, int]] = {}
     try:
         for _ in range(args.rounds):
             for n in streams:
-                for name in devices:
-                    r = _round(devices[name], n, args.steps, args.warmup)
+                for name in targets:
+                    r = measure(targets[name], n)
                     if (name, n) not in best or r[0] < best[(name, n)][0]:
                         best[(name, n)] = r
     finally:
-        for d in devices.values():
-            d.close()
-    rows = ["| variant | streams | tokens/s | collective share | bytes between chips per step |",
+        for t in targets.values():
+            close(t)
+    per = "token" if args.served else "step"
+    rows = [f"| variant | streams | tokens/s | collective share | bytes between chips per {per} |",
             "|---|---:|---:|---:|---:|"]
     for name, _, _ in VARIANTS:
         for n in streams:
@@ -124,7 +185,8 @@ def main(argv=None) -> int:
             rows.append(f"| {name} | {n} | {n * args.steps / seconds:.1f} | {coll / seconds:.1%} | {nbytes:,} |")
     table = "\n".join([f"model {args.tiny or 'default (Gemma 3 270M)'}, --weights {args.weights}, lanes {args.lanes}, "
                        f"context {args.context}, {os.cpu_count()} cores; best of {args.rounds} rounds of "
-                       f"{args.steps} steps", "", *rows])
+                       f"{args.steps} steps" + (", served over HTTP (calculet serve)" if args.served else ", in-process"),
+                       "", *rows])
     print(table)
     if args.out:
         Path(args.out).write_text(table + "\n")

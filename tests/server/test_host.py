@@ -34,6 +34,12 @@ def test_two_models_on_two_chips_share_no_session_worker_or_thread(host):
     assert not set(map(id, a.device.program.sessions.values())) & set(map(id, b.device.program.sessions.values()))
     assert a.device._worker.thread is not b.device._worker.thread and a.engine._thread is not b.engine._thread
     assert a.device.config.threads == b.device.config.threads == 2     # 4 cores / 2 chips
+    # the chips are the runtime's, built once by the host and passed down to each model's Device
+    assert a.device.chips == (host.placement.chips[0],) and b.device.chips == (host.placement.chips[1],)
+    assert a.device.chips[0] is host.placement.chips[0] and b.device.chips[0].index == 1
+    for model in (a, b):
+        for session in model.device.program.sessions.values():
+            assert session.get_session_options().intra_op_num_threads == 2
     assert a.chips == (0,) and b.chips == (1,)
     assert host.placement.used(0) == a.memory_bytes > 0 and host.placement.used(1) == b.memory_bytes
 
@@ -71,3 +77,35 @@ def test_unload_waits_for_a_lease_then_frees_the_chip(host):
         with host.lease("b"):
             pass
     assert exc.value.code == "model_not_found"
+
+
+def test_a_partitioned_model_runs_on_its_chips_beside_a_one_chip_model(tiny_calbin, monkeypatch):
+    """tp on chips 0 and 1 (each chip's sub-calbin on its own ChipConfig), a on chip 1: no session or
+    worker thread in common, and each chip's budget holds that chip's share of tp."""
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    tp, one = str(tiny_calbin("llama", chips=2, partition="tp")), str(tiny_calbin("llama"))
+    config = ServerConfig(chips=2, models=(ModelSpec(tp, "tp"), ModelSpec(one, "a", chips=(1,))), drain_timeout_s=10)
+    h = ModelHost(config, ServerMetrics())
+    h.load()
+    try:
+        assert h.state == "ready", h.failures
+        tp_model, a = h.models()
+        assert tp_model.chips == (0, 1) and a.chips == (1,)
+        assert tp_model.device.chips == h.placement.chips and a.device.chips == (h.placement.chips[1],)
+        program = tp_model.device.program
+        chip_sessions = [set(map(id, part.sessions.values())) for part in program.parts]
+        a_sessions = set(map(id, a.device.program.sessions.values()))
+        assert not chip_sessions[0] & chip_sessions[1] and not (chip_sessions[0] | chip_sessions[1]) & a_sessions
+        for part in program.parts:
+            for session in part.sessions.values():
+                assert session.get_session_options().intra_op_num_threads == 2
+        assert tp_model.device._worker.thread is not a.device._worker.thread
+        plans = program.chip_plans()
+        from calculet.server.placement import plan_bytes
+        assert h.placement.used(0) == plan_bytes(plans[0])["total"]
+        assert h.placement.used(1) == plan_bytes(plans[1])["total"] + a.memory_bytes
+        assert tp_model.memory_bytes == sum(plan_bytes(p)["total"] for p in plans)
+        h.remove("tp")
+        assert h.placement.used(0) == 0 and h.placement.used(1) == a.memory_bytes
+    finally:
+        h.close()

@@ -26,7 +26,8 @@ def test_models_toml_takes_the_flags_for_keys_left_out(tmp_path):
     base = ServerConfig(max_queue=99, max_prefill_tokens=256).model_spec()
     a, b = read_models_toml(str(path), base)
     assert (a.name, a.source, a.chips, a.max_queue, a.max_prefill_tokens) == ("a", "/x/a.calbin", (1,), 4, 256)
-    assert (b.name, b.chips, b.max_queue, b.chat_template, b.request_timeout_s) == (None, (0,), 99, "chatml", 5.0)
+    assert (b.name, b.chips, b.max_queue, b.chat_template, b.request_timeout_s) == (None, None, 99, "chatml", 5.0)
+    assert b.partition == "" and read_models_toml(str(path), ServerConfig(chips=2, partition="tp").model_spec())[1].partition == "tp"
 
 
 @pytest.mark.parametrize("text, says", [
@@ -34,6 +35,7 @@ def test_models_toml_takes_the_flags_for_keys_left_out(tmp_path):
     ('[[model]]\nsource = "x"\ncalbin = "y"\n', "source or calbin, not both"),
     ('[[model]]\nsource = "x"\nchips = "0"\n', "chips must be a list"),
     ('[[model]]\nsource = "x"\nlanes = 0\n', "lanes must be in 1..256"),
+    ('[[model]]\nsource = "x"\npartition = "ep"\n', "partition must be one of pp, tp (or none), got 'ep'"),
     ('[[model]]\nsource = "x"\nmax_queue = "a"\n', "max_queue must be a int"),
     ('[[model]]\nsource = "x"\nchat_template = "nope"\n', "nope"),
     ('name = "x"\n', "at least one [[model]]"),
@@ -55,6 +57,17 @@ def test_config_refuses_a_chip_that_does_not_exist_and_duplicate_names():
         ServerConfig(models=(ModelSpec("/x/a.calbin"), ModelSpec("/y/a.calbin")))
     assert "two models are named 'a'" in exc.value.message
     assert ServerConfig().model_specs() == (ServerConfig().model_spec(),)   # no args: the default model alone
+
+
+def test_a_partition_needs_two_chips_and_compiles_for_the_chips_the_model_gets():
+    with pytest.raises(RequestError, match="--partition tp splits a model over 2 or more chips; give --chips 2"):
+        ServerConfig(partition="tp")
+    with pytest.raises(RequestError, match="--partition pp splits a model over 2 or more chips"):
+        ServerConfig(chips=2, models=(ModelSpec("/a", "a", chips=(1,), partition="pp"),))
+    config = ServerConfig(chips=3, partition="tp")
+    assert config.compile_chips(config.model_spec()) == 3                       # names none: all the server's chips
+    assert config.compile_chips(ModelSpec("/a", chips=(0, 2), partition="tp")) == 2
+    assert config.compile_chips(ModelSpec("/a", chips=(0, 2))) == 1               # no partition: one chip
 
 
 def test_step_budget_and_in_flight_reach_each_models_engine(tmp_path):

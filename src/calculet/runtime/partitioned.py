@@ -63,6 +63,9 @@ class PartitionedProgram(Program):
         from calculet.runtime.chips import ChipMemory
         return [ChipMemory.of(i, p.manifest) for i, p in enumerate(self.parts)]
 
+    def chip_plans(self) -> tuple:
+        return tuple(p.manifest.memory_plan for p in self.parts)
+
     def open_sessions(self, chips) -> None:
         t0 = time.perf_counter()
         for part, chip in zip(self.parts, chips):

@@ -128,6 +128,10 @@ class Program:
         from calculet.runtime.chips import ChipMemory
         return [ChipMemory.of(0, self.manifest)]
 
+    def chip_plans(self) -> tuple:
+        """Each chip's memory plan (calbin/memory_plan.MemoryPlan), in chip order: one here."""
+        return (self.manifest.memory_plan,)
+
     def renew_kv(self):
         """After a fence: fresh KV buffers held outside the device's Lanes (none on one chip); returns
         the old ones, which a fenced worker may still write."""

@@ -85,5 +85,5 @@ async def _json(request: Request, allow_empty: bool = False) -> dict:
 
 def _chips(host) -> list[dict]:
     p = host.placement
-    return [{"index": c.index, "threads": c.threads, "memory_budget": c.memory_budget, "memory_used": p.used(c.index)}
-            for c in p.chips]
+    return [{"index": c.index, "provider": c.provider, "threads": c.intra_op_threads,
+             "memory_budget": c.memory_budget_bytes or None, "memory_used": p.used(c.index)} for c in p.chips]

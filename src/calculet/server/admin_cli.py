@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (default %(default)s)")
     p.add_argument("--key", default=None, help="the admin key (default: $CALCULET_ADMIN_KEY)")
     p.add_argument("--name", default=None, help="load: the served name (default: derived from the path)")
-    p.add_argument("--chips", default=None, metavar="I[,J]", help="load: the chip(s) it runs on (default 0)")
+    p.add_argument("--chips", default=None, metavar="I[,J]", help="load: the chip(s) it runs on (default: 0..N-1 for a calbin compiled "
+                   "for N chips)")
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE", help="load: its chat template")
     p.add_argument("--max-queue", type=int, default=None, help="load: its waiting queue")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the answer (default %(default)s)")

@@ -23,6 +23,10 @@ def add_server_arguments(p) -> None:
     p.add_argument("--chips", type=int, default=ServerConfig.chips, metavar="N",
                    help="chips to place models on; each model runs on its own sessions and worker with cores/N "
                         "threads (unless --threads) (default %(default)s)")
+    p.add_argument("--partition", default="", choices=("", "tp", "pp"), metavar="tp|pp",
+                   help="compile a source (or the default model) for --chips chips, split by tensor (tp) or pipeline "
+                        "(pp) parallelism, and serve it on them; a calbin compiled with --chips N --partition runs on "
+                        "chips 0..N-1 without this flag (default: one chip)")
     p.add_argument("--chip-memory", default=None, metavar="BYTES",
                    help="memory budget of each chip (e.g. 512M, 8G); a model whose memory plan does not fit is refused "
                         "(default: unlimited)")
@@ -88,6 +92,7 @@ def server_config(args) -> ServerConfig:
                           chat_template=args.chat_template, provider=args.provider,
                           provider_options=parse_provider_options(args.provider_option), max_body_bytes=args.max_body_bytes,
                           drain_timeout_s=args.drain_timeout, job_timeout_s=args.job_timeout, chips=args.chips,
+                          partition=args.partition,
                           chip_memory=parse_bytes(args.chip_memory) if args.chip_memory else None,
                           admin_key=args.admin_key, prefix_cache=args.prefix_cache)
     specs: tuple[ModelSpec, ...] = ()

@@ -35,6 +35,7 @@ class ServerConfig:
     models: tuple = ()                     # ModelSpec per served model; () = one, from `model` and the flags above
     chips: int = 1                         # chips the server places models on (server/placement.py)
     chip_memory: int | None = None         # bytes each chip may hold; None: unlimited
+    partition: str = ""                    # --partition tp|pp: compile a source for --chips chips; "": one chip
     admin_key: str | None = None           # key of /admin/*; None: the API key; neither: admin is off
     prefix_cache: bool = True              # --no-prefix-cache turns it off
 
@@ -66,10 +67,14 @@ class ServerConfig:
         specs = self.model_specs()
         check_unique(specs)
         for spec in specs:
-            bad = [c for c in spec.chips if c >= self.chips]
+            bad = [c for c in spec.chips or () if c >= self.chips]
             if bad:
                 raise RequestError("bad_option", f"model {spec.name or spec.source}: chip {bad[0]} does not exist; this "
                                    f"server has {self.chips} chip(s): 0..{self.chips - 1} (--chips)")
+            if spec.partition and self.compile_chips(spec) < 2:
+                raise RequestError("bad_option", f"model {spec.name or spec.source or '(default)'}: --partition "
+                                   f"{spec.partition} splits a model over 2 or more chips; give --chips 2 (or chips = "
+                                   "[0, 1] in --models)")
 
     def __repr__(self) -> str:  # never print the key
         key = "set" if self.api_key else None
@@ -79,7 +84,7 @@ class ServerConfig:
                 f"served_model_name={self.served_model_name!r}, threads={self.threads}, chat_template={self.chat_template!r}, "
                 f"provider={self.provider!r}, provider_options={self.provider_options!r}, "
                 f"max_body_bytes={self.max_body_bytes}, drain_timeout_s={self.drain_timeout_s}, job_timeout_s={self.job_timeout_s}, "
-                f"models={self.models!r}, chips={self.chips}, chip_memory={self.chip_memory}, "
+                f"models={self.models!r}, chips={self.chips}, chip_memory={self.chip_memory}, partition={self.partition!r}, "
                 f"admin_key={'set' if self.admin_key else None}, "
                 f"prefix_cache={self.prefix_cache})")
 
@@ -88,6 +93,20 @@ class ServerConfig:
         from calculet.runtime.program import DeviceConfig
 
         return DeviceConfig(self.provider, threads=self.threads, provider_options=self.provider_options)
+
+    def chip_configs(self) -> tuple:
+        """The server's chips (runtime.chips.ChipConfig), built from the flags: --chips, --threads,
+        --chip-memory, --provider and its options (server/placement.py)."""
+        from calculet.server.placement import server_chips
+
+        return server_chips(self.chips, self.threads, self.chip_memory, self.provider, self.provider_options)
+
+    def compile_chips(self, spec) -> int:
+        """How many chips a source is compiled for: 1, or with a partition the chips the model names
+        (all of the server's when it names none)."""
+        if not spec.partition:
+            return 1
+        return len(spec.chips) if spec.chips is not None else self.chips
 
     def engine_config(self) -> EngineConfig:
         """The engine's share of the options (validated by EngineConfig itself)."""
@@ -104,13 +123,14 @@ class ServerConfig:
         return f"http://{host}:{self.port}"
 
     def model_spec(self, source: str | None = None, name: str | None = None):
-        """A model with the server's flags as its options (queue, limits, chat template, chip 0)."""
+        """A model with the server's flags as its options (queue, limits, chat template, partition; chips
+        0..N-1 for an N-chip calbin)."""
         from calculet.server.model_spec import ModelSpec
 
         return ModelSpec(source=source, name=name, chat_template=self.chat_template, max_queue=self.max_queue,
                          max_prefill_tokens=self.max_prefill_tokens, step_token_budget=self.step_token_budget,
                          in_flight=self.in_flight, request_timeout_s=self.request_timeout_s,
-                         job_timeout_s=self.job_timeout_s,
+                         job_timeout_s=self.job_timeout_s, partition=self.partition,
                          prefix_cache=self.prefix_cache)
 
     def model_specs(self) -> tuple:

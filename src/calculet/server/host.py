@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from calculet.errors import CalculetError, DeviceError, ModelError, RequestError
 from calculet.server.model import LoadedModel, load_model
-from calculet.server.placement import Placement, server_chips
+from calculet.server.placement import Placement
 
 log = logging.getLogger("calculet.server")
 
@@ -43,7 +43,7 @@ class ModelHost:
         self.config = config
         self.metrics = metrics
         self.specs = config.model_specs()
-        self.placement = Placement(server_chips(config.chips, config.threads, config.chip_memory))
+        self.placement = Placement(config.chip_configs())   # the chips, built once from the flags
         self.state = "loading"               # loading | ready | failed
         self.error: CalculetError | None = None
         self.failures: dict[str, CalculetError] = {}   # startup models that could not be loaded
@@ -191,8 +191,13 @@ class ModelHost:
                                    "reload it (POST /admin/models/{name}/reload)")
 
     def _watch(self, model: LoadedModel) -> None:
-        engine = model.engine
-        self.metrics.watch(model.name, engine.snapshot, lambda: engine.healthy)
+        engine, device = model.engine, model.device
+
+        def collectives():   # the partitioned program's counters (runtime/collectives.py), None on one chip
+            coll = device.collectives
+            return None if coll is None else coll.total
+
+        self.metrics.watch(model.name, engine.snapshot, lambda: engine.healthy, collectives)
 
     def _drain(self, served: _Served, hurry: threading.Event | None) -> float:
         from calculet.server.drain import drain_engine

@@ -90,6 +90,26 @@ class _ScrapeGauges:
             if total:
                 efficiency.add_metric(key, useful.get(key, 0.0) / total)
         yield efficiency
+        yield from _collective_counters(m.watched_collectives())
+
+
+def _collective_counters(stats: dict) -> Iterator[CounterMetricFamily]:
+    """Bytes moved between chips and host time spent moving them, per model (runtime/collectives.py
+    counts them; only models on several chips have any). A reload starts a model's counts anew."""
+    calls = CounterMetricFamily("calculet_collective_calls", "Collectives between a model's chips, by kind",
+                                labels=("model", "kind"))
+    moved = CounterMetricFamily("calculet_collective_bytes", "Bytes a link between a model's chips carries, by kind",
+                                labels=("model", "kind"))
+    seconds = CounterMetricFamily("calculet_collective_seconds", "Host time spent in a model's collectives",
+                                  labels=("model",))
+    for name, total in stats.items():
+        for kind, (n, nbytes) in sorted(total.by_kind.items()):
+            calls.add_metric((name, kind), float(n))
+            moved.add_metric((name, kind), float(nbytes))
+        seconds.add_metric((name,), total.seconds)
+    yield calls
+    yield moved
+    yield seconds
 
 
 class ServerMetrics:
@@ -99,6 +119,7 @@ class ServerMetrics:
         disable_created_metrics()
         self.registry = r = CollectorRegistry(auto_describe=True)
         self._watched: dict[str, tuple[Callable[[], object], Callable[[], bool]]] = {}
+        self._collectives: dict[str, Callable[[], object]] = {}
         self._lock = threading.Lock()
         M = ("model",)
         self.prompt_tokens = Counter("calculet_prompt_tokens_total", "Prompt tokens of admitted requests", M, registry=r)
@@ -138,19 +159,31 @@ class ServerMetrics:
         """The observer a model's engine reports into."""
         return ModelMetrics(self, name)
 
-    def watch(self, name: str, snapshot, health) -> None:
-        """Read model `name`'s gauges from `snapshot()` (an EngineSnapshot) and `health()` (bool) when scraped."""
+    def watch(self, name: str, snapshot, health, collectives=None) -> None:
+        """Read model `name`'s gauges from `snapshot()` (an EngineSnapshot) and `health()` (bool) when scraped,
+        and its collective counters from `collectives()` (a CollectiveStats, None on one chip)."""
         with self._lock:
             self._watched[name] = (snapshot, health)
+            self._collectives.pop(name, None)
+            if collectives is not None:
+                self._collectives[name] = collectives
 
     def unwatch(self, name: str) -> None:
         """An unloaded model's gauges go; its counters stay (they only ever grow)."""
         with self._lock:
             self._watched.pop(name, None)
+            self._collectives.pop(name, None)
 
     def watched(self) -> dict:
         with self._lock:
             return dict(self._watched)
+
+    def watched_collectives(self) -> dict:
+        """{model: CollectiveStats since its device's warm-up} of the watched models that have collectives."""
+        with self._lock:
+            sources = dict(self._collectives)
+        stats = {name: read() for name, read in sources.items()}
+        return {name: st for name, st in stats.items() if st is not None}
 
     def render(self) -> str:
         return generate_latest(self.registry).decode("utf-8")

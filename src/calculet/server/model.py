@@ -1,6 +1,6 @@
-"""One served model: compiled (once, cached) if given as a source, placed on its chip, loaded onto its
-own Device, with its own engine (lanes, queue, limits), tokenizer and chat template.
-`server/host.py` holds the served models and routes requests to them."""
+"""One served model: compiled (once, cached) if given as a source, placed on its chips (the runtime's
+ChipConfigs; several for a partitioned calbin), loaded onto its own Device, with its own engine (lanes,
+queue, limits), tokenizer and chat template. `server/host.py` holds the served models and routes requests to them."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class LoadedModel:
     max_prompt_chars: int      # longer prompt text cannot fit the context (server/limits.py)
     root: str = ""             # the calbin it runs (a reload changes it)
     chips: tuple[int, ...] = (0,)
-    memory_bytes: int = 0      # what its chip's budget counts for it (server/placement.py)
+    memory_bytes: int = 0      # what its chips' budgets count for it, all chips together (server/placement.py)
     device: object = None      # calculet.runtime.device.Device, its own
     reservation: object = None  # server.placement.Reservation, released on unload
 
@@ -60,8 +60,8 @@ def _load(spec, config, placement, metrics) -> LoadedModel:
     from calculet.engine.engine import Engine
     from calculet.engine.tokenizer import TextTokenizer
     from calculet.runtime.device import Device
+    from calculet.runtime.partitioned import load_program
     from calculet.runtime.providers import SOURCE_COMPILE
-    from calculet.server.placement import device_config
 
     if spec.source is not None and not Path(spec.source).exists():
         raise RequestError("source_not_found", f"{spec.source}: no such file or folder; give a calbin, a Hugging Face "
@@ -69,16 +69,23 @@ def _load(spec, config, placement, metrics) -> LoadedModel:
     compile_options = dict(SOURCE_COMPILE[config.provider])
     if spec.lanes is not None:
         compile_options["lanes"] = spec.lanes
+    if spec.partition:
+        compile_options.update(chips=config.compile_chips(spec), partition=spec.partition)
     calbin = ensure_calbin(spec.source, CompileOptions(**compile_options), log=log.info)
-    chip = placement.chip(spec.chips[0])
-    device = Device(device_config(chip, config.provider, config.provider_options))
-    program = device.load(calbin)
+    program = load_program(calbin)
     manifest = program.manifest
     name = spec.name_for(calbin, manifest.model.source.path)
     if spec.lanes is not None and manifest.kv.lanes != spec.lanes:
         raise RequestError("bad_option", f"model {name!r}: lanes = {spec.lanes}, but the calbin {calbin} was compiled with "
                            f"{manifest.kv.lanes} lanes; drop lanes or recompile with --lanes {spec.lanes}")
-    reservation = placement.reserve(name, spec.chips, manifest.memory_plan)
+    compiled = manifest.partition.scheme if manifest.partition is not None else ""
+    if spec.partition and compiled != spec.partition:
+        raise RequestError("bad_option", f"model {name!r}: partition = {spec.partition}, but the calbin {calbin} is "
+                           f"{'partitioned ' + compiled if compiled else 'a one-chip calbin'}; drop partition or "
+                           f"recompile with --partition {spec.partition}")
+    chips = placement.place(name, spec.chips, program.chip_count)     # the runtime's ChipConfigs, the server's own
+    reservation = placement.reserve(name, chips, program.chip_plans())
+    device = Device(chips=chips)
     try:
         # Tokenizer first: parsing a large tokenizer.json needs a few hundred MB for a moment, and
         # doing it before the sessions exist keeps that out of the server's peak memory.
@@ -94,7 +101,8 @@ def _load(spec, config, placement, metrics) -> LoadedModel:
         raise
     context = device.lanes.context
     return LoadedModel(name, engine, tokenizer, chat, problem, context, device.lanes.count, int(time.time()),
-                       max_prompt_chars(context, max_token_chars(tokenizer)), root=str(calbin), chips=spec.chips,
+                       max_prompt_chars(context, max_token_chars(tokenizer)), root=str(calbin),
+                       chips=tuple(c.index for c in chips),
                        memory_bytes=reservation.bytes, device=device, reservation=reservation)
 
 

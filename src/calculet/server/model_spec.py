@@ -5,7 +5,8 @@ whose name is derived), from `--models models.toml`, or from an admin load reque
     [[model]]
     name = "gemma"                 # what clients send as `model` (default: derived from the path)
     source = "path/to/hf-or.gguf"  # or: calbin = "path/to/model.calbin"; neither: the embedded default model
-    chips = [0]                    # the chip(s) it runs on (server/placement.py)
+    chips = [0]                    # the chip(s) it runs on (server/placement.py); default: 0..N-1 for an N-chip calbin
+    partition = "tp"               # compile a source for len(chips) (else --chips) chips: tp or pp (default: one chip)
     lanes = 8                      # KV lanes when a source is compiled (a calbin has its own)
     chat_template = "gemma"        # built-in name or Jinja file
     max_queue = 128                # its own waiting queue
@@ -25,12 +26,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from calculet.calbin.partition import PARTITIONS
 from calculet.errors import RequestError
 
 if TYPE_CHECKING:
     from calculet.engine.engine import EngineConfig
 
-TOML_KEYS = ("name", "source", "calbin", "chips", "lanes", "chat_template", "max_queue", "max_prefill_tokens",
+TOML_KEYS = ("name", "source", "calbin", "chips", "partition", "lanes", "chat_template", "max_queue", "max_prefill_tokens",
              "step_token_budget", "in_flight", "request_timeout", "prefix_cache")
 
 
@@ -38,7 +40,8 @@ TOML_KEYS = ("name", "source", "calbin", "chips", "lanes", "chat_template", "max
 class ModelSpec:
     source: str | None                 # a calbin, an HF folder or .gguf, or None for the embedded default model
     name: str | None = None            # None: derived from the path once loaded (name_for)
-    chips: tuple[int, ...] = (0,)
+    chips: tuple[int, ...] | None = None   # None: chips 0..N-1 for a calbin compiled for N chips
+    partition: str = ""                # a source compiled for several chips: tp or pp; "": one chip
     lanes: int | None = None           # compile option for a source; None: the compiler's default
     chat_template: str | None = None
     max_queue: int = 128
@@ -53,9 +56,13 @@ class ModelSpec:
         where = f"model {self.name or self.source or '(default)'}"
         if self.name is not None and (not self.name.strip() or any(c in self.name for c in "/ \t\n")):
             raise RequestError("bad_option", f"{where}: name {self.name!r} must be non-empty, without '/' or spaces")
-        if not self.chips or any(not isinstance(c, int) or c < 0 for c in self.chips) or len(set(self.chips)) != len(self.chips):
+        if self.chips is not None and (not self.chips or any(not isinstance(c, int) or c < 0 for c in self.chips)
+                                       or len(set(self.chips)) != len(self.chips)):
             raise RequestError("bad_option", f"{where}: chips {list(self.chips)!r} must be distinct chip indices >= 0, "
                                "e.g. [0]")
+        if self.partition not in ("",) + PARTITIONS:
+            raise RequestError("bad_option", f"{where}: partition must be one of {', '.join(PARTITIONS)} (or none), "
+                               f"got {self.partition!r}")
         if self.lanes is not None and not 1 <= self.lanes <= 256:
             raise RequestError("bad_option", f"{where}: lanes must be in 1..256, got {self.lanes}")
         self.engine_config()  # the engine checks queue, prefill budget and timeouts (names the flag)
@@ -116,7 +123,7 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
         raise RequestError("bad_option", f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(TOML_KEYS)}")
     if "source" in d and "calbin" in d:
         raise RequestError("bad_option", f"{where}: give source or calbin, not both")
-    types = {"name": str, "source": str, "calbin": str, "chat_template": str, "lanes": int, "max_queue": int,
+    types = {"name": str, "source": str, "calbin": str, "chat_template": str, "partition": str, "lanes": int, "max_queue": int,
              "max_prefill_tokens": int, "step_token_budget": int, "in_flight": int, "request_timeout": (int, float)}
     for key, kind in types.items():
         if key in d and (not isinstance(d[key], kind) or isinstance(d[key], bool)):
@@ -124,13 +131,15 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
                                f"got {d[key]!r}")
     if "prefix_cache" in d and not isinstance(d["prefix_cache"], bool):
         raise RequestError("bad_option", f"{where}: prefix_cache must be true or false, got {d['prefix_cache']!r}")
-    chips = d.get("chips", list(base.chips))
+    chips = d.get("chips", None if base.chips is None else list(base.chips))
     if isinstance(chips, int) and not isinstance(chips, bool):
         chips = [chips]
-    if not isinstance(chips, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in chips):
+    if chips is not None and (not isinstance(chips, list)
+                              or not all(isinstance(c, int) and not isinstance(c, bool) for c in chips)):
         raise RequestError("bad_option", f"{where}: chips must be a list of chip indices, e.g. [0]; got {chips!r}")
     timeout = d.get("request_timeout", base.request_timeout_s)
-    return replace(base, name=d.get("name"), source=d.get("calbin", d.get("source")), chips=tuple(chips),
+    return replace(base, name=d.get("name"), source=d.get("calbin", d.get("source")),
+                   chips=None if chips is None else tuple(chips), partition=d.get("partition", base.partition),
                    lanes=d.get("lanes", base.lanes), chat_template=d.get("chat_template", base.chat_template),
                    max_queue=d.get("max_queue", base.max_queue),
                    max_prefill_tokens=d.get("max_prefill_tokens", base.max_prefill_tokens),
