@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,13 @@ def _calbins(args) -> dict[str, Path]:
             compile_calbin(source, path, options, log=lambda m: print(m, file=sys.stderr))
         out[name] = path
     return out
+
+
+def cpu_line() -> str:
+    from calculet.cpu_features import detect
+
+    cpu = detect()
+    return f"{cpu.model or cpu.machine}: {cpu.label}"
 
 
 def _device(path: Path, chips: int):
@@ -147,7 +155,7 @@ def main(argv=None) -> int:
     p.add_argument("--streams", default="1,8", help="concurrent streams (lanes decoding together), comma-separated")
     p.add_argument("--steps", type=int, default=32, help="timed decode steps per round")
     p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=3, help="rounds per variant, interleaved; the best is kept")
+    p.add_argument("--rounds", type=int, default=5, help="rounds per variant, interleaved; median and worst reported")
     p.add_argument("--workdir", default=str(Path.home() / ".cache" / "calculet-bench-chips"))
     p.add_argument("--out", default=None, help="also write the table to this markdown file")
     p.add_argument("--served", action="store_true", help="measure through `calculet serve` (HTTP) instead of in-process")
@@ -165,28 +173,29 @@ def main(argv=None) -> int:
     else:
         targets = {name: _device(calbins[name], chips) for name, chips, _ in VARIANTS}
         measure, close = (lambda t, n: _round(t, n, args.steps, args.warmup)), (lambda t: t.close())
-    best: dict[tuple[str, int], tuple[float, float, int]] = {}
+    runs: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
     try:
         for _ in range(args.rounds):
             for n in streams:
                 for name in targets:
-                    r = measure(targets[name], n)
-                    if (name, n) not in best or r[0] < best[(name, n)][0]:
-                        best[(name, n)] = r
+                    runs.setdefault((name, n), []).append(measure(targets[name], n))
     finally:
         for t in targets.values():
             close(t)
-    per = "token" if args.served else "step"
-    rows = [f"| variant | streams | tokens/s | collective share | bytes between chips per {per} |",
-            "|---|---:|---:|---:|---:|"]
+    per, first = ("token" if args.served else "step"), VARIANTS[0][0]
+    rows = [f"| variant | streams | tokens/s median | worst round | vs 1 chip: median (worst round) | collective share | bytes between chips per {per} |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
     for name, _, _ in VARIANTS:
         for n in streams:
-            seconds, coll, nbytes = best[(name, n)]
-            rows.append(f"| {name} | {n} | {n * args.steps / seconds:.1f} | {coll / seconds:.1%} | {nbytes:,} |")
+            rate = [n * args.steps / r[0] for r in runs[(name, n)]]
+            ratio = [a / (n * args.steps / b[0]) for a, b in zip(rate, runs[(first, n)])]  # same round, side by side
+            share = statistics.median(r[1] / r[0] for r in runs[(name, n)])
+            rows.append(f"| {name} | {n} | {statistics.median(rate):.1f} | {min(rate):.1f} | "
+                        f"{statistics.median(ratio):.2f}x ({min(ratio):.2f}x) | {share:.1%} | {runs[(name, n)][-1][2]:,} |")
     table = "\n".join([f"model {args.tiny or 'default (Gemma 3 270M)'}, --weights {args.weights}, lanes {args.lanes}, "
-                       f"context {args.context}, {os.cpu_count()} cores; best of {args.rounds} rounds of "
-                       f"{args.steps} steps" + (", served over HTTP (calculet serve)" if args.served else ", in-process"),
-                       "", *rows])
+                       f"context {args.context}, {os.cpu_count()} cores, CPU {cpu_line()}; median and worst of "
+                       f"{args.rounds} interleaved rounds of {args.steps} steps"
+                       + (", served over HTTP (calculet serve)" if args.served else ", in-process"), "", *rows])
     print(table)
     if args.out:
         Path(args.out).write_text(table + "\n")
