@@ -13,7 +13,9 @@ from calculet.cli import main
 from calculet.calbin.manifest import read_manifest
 
 pytestmark = pytest.mark.slow
-FAST_BUDGET_S = 5.0
+# Fast mode takes ~2 s on a quiet 2-core machine and 6.6 s while other jobs share the CPU; the bound
+# only catches fast mode doing slow work (a full hash, gate F). Speed itself is not a unit-test matter.
+FAST_BUDGET_S = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +34,7 @@ def test_fast_mode_passes_within_budget(calbin, capsys):
     cli_s = time.perf_counter() - t0
     print(f"\nfast validate, default model: API {api_s:.2f} s, CLI {cli_s:.2f} s; per gate "
           + ", ".join(f"{g} {s:.2f}" for g, s in report.gate_seconds.items()), file=__import__("sys").stderr)
+    assert report.gate_seconds.get("F", 0.0) < 0.5   # fast mode runs no numerics
     assert api_s < FAST_BUDGET_S and cli_s < FAST_BUDGET_S
 
 
