@@ -187,6 +187,9 @@ def _partition_builds(spec, signatures, weights, rope, options, profile, source,
 
     if options.partition == "pp":
         return partition.build_pp(spec, signatures, weights, rope, options, profile.context, profile.lanes)
+    if options.partition == "ep":
+        from calculet.compiler import expert_parallel
+        return expert_parallel.build_ep(spec, signatures, weights, rope, options, profile.context, profile.lanes)
     from calculet.compiler import tensor_parallel
     return tensor_parallel.build_tp(spec, signatures, weights, rope, options, profile.context, profile.lanes,
                                     source, family)
