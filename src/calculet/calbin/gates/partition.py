@@ -90,18 +90,17 @@ def _experts(spec, part, manifests) -> list[str]:
     """ep: chip c's [first, end) follow one another from 0 to E, and its stacks have end - first experts."""
     if spec.moe is None:
         return ["partition ep on a model without routed experts"]
-    problems, at = [], 0
-    for chip, m in zip(part.chips, manifests):
+    at = 0
+    for chip in part.chips:
         if chip.experts is None or chip.experts[0] != at or not chip.experts[0] < chip.experts[1]:
-            problems.append(f"chip {chip.index}: experts {chip.experts} do not continue the range at expert {at}")
-            return problems
+            return [f"chip {chip.index}: experts {chip.experts} do not continue the range at expert {at}"]
         at = chip.experts[1]
+    problems = [] if at == spec.moe.num_experts else [f"the chips' experts end at {at}, the model has {spec.moe.num_experts}"]
+    for chip, m in zip(part.chips, manifests):
         for t in m.weights.tensors:
             if ".mlp.experts." in t.name and t.shape[0] != chip.experts[1] - chip.experts[0]:
                 problems.append(f"chip {chip.index}: {t.name} holds {t.shape[0]} experts, its range "
                                 f"{list(chip.experts)} says {chip.experts[1] - chip.experts[0]}")
-    if at != spec.moe.num_experts:
-        problems.append(f"the chips' experts end at {at}, the model has {spec.moe.num_experts}")
     return problems
 
 
