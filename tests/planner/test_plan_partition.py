@@ -61,3 +61,14 @@ def test_plan_ep_refuses_a_dense_model_and_uneven_experts(tiny_calbin):
         plan_partition(moe, "ep", 3, LANES, CONTEXT, CHUNK, "fp32", 32, frozenset(FUSIONS), Link(0.0))
     plan = plan_partition(moe, "ep", 4, LANES, CONTEXT, CHUNK, "fp32", 32, frozenset(FUSIONS), Link(0.0))
     assert [c.experts for c in plan.chips] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+
+
+def test_plan_partition_renders(tiny_calbin):
+    """Guards a bug: render() imported calculet.planner.units, which no longer exists, so every
+    `calculet plan --partition` crashed after computing the plan."""
+    from calculet.planner.partition import render
+
+    moe = read_manifest(tiny_calbin("mixtral")).spec
+    lines = render(plan_partition(moe, "ep", 2, LANES, CONTEXT, CHUNK, "fp32", 32, frozenset(FUSIONS), Link(1e9, 5e-6)))
+    assert lines[0].startswith("partition ep over 2 chips") and "experts 4..7" in lines[2]
+    assert any(line.strip().startswith(f"decode_{LANES}: 3 collectives") for line in lines)

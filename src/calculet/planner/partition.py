@@ -121,7 +121,7 @@ def parse_latency(text: str | None) -> float:
 
 
 def render(plan: PartitionPlan) -> list[str]:
-    from calculet.planner.units import human_bytes
+    from calculet.units import human_bytes
 
     lines = [f"partition {plan.scheme} over {len(plan.chips)} chips (as `calculet compile --chips "
              f"{len(plan.chips)} --partition {plan.scheme}` writes it)"]
