@@ -71,4 +71,4 @@ def test_plan_partition_renders(tiny_calbin):
     moe = read_manifest(tiny_calbin("mixtral")).spec
     lines = render(plan_partition(moe, "ep", 2, LANES, CONTEXT, CHUNK, "fp32", 32, frozenset(FUSIONS), Link(1e9, 5e-6)))
     assert lines[0].startswith("partition ep over 2 chips") and "experts 4..7" in lines[2]
-    assert any(line.strip().startswith(f"decode_{LANES}: 3 collectives") for line in lines)
+    assert any(line.strip().startswith(f"decode_{LANES}: 4 collectives") for line in lines)   # broadcast, 3 sparse layers
