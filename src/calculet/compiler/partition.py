@@ -69,6 +69,18 @@ def schedule_for(spec: ModelSpec, scheme: str, chips: int, graph: str, lanes: in
     return tensor_parallel.tp_schedule(spec, chips, graph, lanes, tokens)
 
 
+def check_partition(spec: ModelSpec, scheme: str, chips: int) -> None:
+    """A clear error when the model cannot be split this way over `chips` chips."""
+    if scheme == "pp":
+        pp_layer_ranges(spec.num_layers, chips)
+    elif scheme == "tp":
+        from calculet.compiler import tensor_parallel
+        tensor_parallel.check_tp(spec, chips)
+    elif scheme == "ep":
+        from calculet.compiler import expert_parallel
+        expert_parallel.check_ep(spec, chips)
+
+
 def chip_specs(spec: ModelSpec, scheme: str, chips: int) -> list[ModelSpec]:
     """The model description each chip's weights follow: the whole spec (pp), a narrow one (tp), or
     one with the chip's share of the experts (ep)."""
