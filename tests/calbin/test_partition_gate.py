@@ -17,11 +17,15 @@ def _status(report, check_id):
     return next(c for c in report.checks if c.id == check_id)
 
 
-@pytest.mark.parametrize("arch, partition", [("qwen3", "pp"), ("qwen3", "tp"), ("qwen2_moe", "ep"), ("mixtral", "pp")])
-def test_a_compiled_partition_passes_every_gate(tiny_calbin, arch, partition):
+@pytest.mark.parametrize("arch, partition, weights", [("qwen3", "pp", "fp32"), ("qwen3", "tp", "fp32"),
+                                                      ("qwen2_moe", "ep", "fp32"), ("mixtral", "pp", "fp32"),
+                                                      ("mixtral", "ep", "default"), ("llama", "tp", "default")])
+def test_a_compiled_partition_passes_every_gate(tiny_calbin, arch, partition, weights):
     """MoE cases guard a bug: C.moe_experts read the top manifest's weight table, which a partitioned
-    calbin leaves empty (its chips hold the weights), so every partitioned MoE calbin failed gate C."""
-    report = validate_calbin(tiny_calbin(arch, chips=2, partition=partition), ValidationOptions.fast())
+    calbin leaves empty (its chips hold the weights), so every partitioned MoE calbin failed gate C.
+    Default-policy cases guard another: P.placement looked for lm_head.coarse8 as itself or .qcodes,
+    but it is stored as .weight and .scale, so every default-policy partitioned calbin failed gate P."""
+    report = validate_calbin(tiny_calbin(arch, chips=2, partition=partition, weights=weights), ValidationOptions.fast())
     failed = [(c.id, c.message) for c in report.checks if c.status is Status.FAIL]
     assert not failed
     assert all(_status(report, f"P.{r}").status is Status.PASS for r in ("chips", "placement", "collectives", "memory"))

@@ -69,7 +69,7 @@ def _placement(ctx: GateContext, part, manifests) -> Check:
             holders.setdefault(t.name, []).append(i)
     problems = []
     for name in ctx.manifest.quantization.tensors:
-        if not any(n in holders for n in (name, f"{name}.qcodes")):
+        if not any(n in holders for n in (name, f"{name}.qcodes", f"{name}.weight")):   # .weight: lm_head.coarse8
             problems.append(f"weight {name!r} is held by no chip")
     for name, chips in sorted(holders.items()):
         if len(chips) > 1 and name not in part.replicated and name not in part.sharded:
