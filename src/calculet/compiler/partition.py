@@ -104,18 +104,20 @@ def planned_chip_weights(spec: ModelSpec, options) -> list[list[tuple[str, int]]
     layers = pp_layer_ranges(spec.num_layers, chips) if options.partition == "pp" else [tuple(range(spec.num_layers))] * chips
     head_chip = chips - 1 if options.partition == "pp" else 0
     out = []
-    whole = [x for t in weight_plan(spec, options).tensors for x in t.stored()]
+    ep = options.partition == "ep"
+    whole = [x for t in weight_plan(spec, options).tensors for x in t.stored()] if ep else []
     for c, cspec in enumerate(chip_specs(spec, options.partition, chips)):
         stored = [x for t in weight_plan(cspec, options).tensors for x in t.stored()]
-        if options.partition == "ep":   # the expert stacks' bytes from the chip's share; the router whole
+        if ep:   # the expert stacks' bytes from the chip's share of the experts; everything else (the router) whole
             stacks = _ep_stacks(spec)
+            assert [n for n, _ in stored] == [n for n, _ in whole], "the ep chip spec changed the weight list"
             stored = [(n, b if n in stacks else wb) for (n, b), (_, wb) in zip(stored, whole)]
         names = [n for n, _ in stored]
         tied_head = spec.tie_word_embeddings and not any(n.startswith("lm_head.weight") for n in names)
         only_head = _head_only(spec, options.partition)
         out.append([(n, b) for n, b in stored
                     if holds(n, set(layers[c]), c == 0, c == head_chip, tied_head) and (c == head_chip or n not in only_head)
-                    and not (options.partition == "ep" and c != 0 and _shared_only(n))])
+                    and not (ep and c != 0 and _shared_only(n))])
     return out
 
 
