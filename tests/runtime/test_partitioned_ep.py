@@ -100,3 +100,37 @@ def test_ep_on_a_dense_model_is_refused_at_compile(tiny_model_dir, tmp_path):
         compile_calbin(str(tiny_model_dir("mixtral")), tmp_path / "m.calbin",
                        CompileOptions(lanes=4, context=64, prefill_chunks=(4, 16), weights="fp32", chips=3,
                                       partition="ep"), log=lambda _m: None)
+
+
+def test_dense_layers_after_the_last_sparse_one_run_in_chip_0s_final(tmp_path):
+    """qwen3_moe with layer 2 dense (mlp_only_layers=[0, 2]): the trailing dense layer runs, with its KV,
+    in chip 0's final graph only (plan = compile for that placement); the tokens are still the 1-chip
+    calbin's. Guards the first cut, where chip 1 was planned (and would have kept KV for) layer 2."""
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions
+    from tiny_models import make_tiny_model
+
+    source = make_tiny_model("qwen3_moe", tmp_path / "hf", mlp_only_layers=[0, 2])
+    paths = {}
+    for chips, partition in ((1, ""), (2, "ep")):
+        paths[chips] = compile_calbin(str(source), tmp_path / f"{chips}.calbin",
+                                      CompileOptions(lanes=4, context=64, prefill_chunks=(4, 16), weights="fp32",
+                                                     chips=chips, partition=partition), log=lambda _m: None)
+    final = read_manifest(paths[2] / "chips/0").graph("decode_4.final")
+    assert {t.name for t in final.inputs} >= {"past_key.2", "past_value.2", "branch_in", "residual_in"}
+    top = read_manifest(paths[2])
+    assert [c.layers for c in top.partition.chips] == [(0, 1, 2), (0, 1)]      # chip 1 holds no weights or KV of layer 2
+    from calculet.compiler.options import FUSIONS
+    from calculet.planner.partition import Link, plan_partition
+    plan = plan_partition(top.spec, "ep", 2, 4, 64, 16, "fp32", 32, frozenset(FUSIONS), Link(0.0))
+    for chip, part in zip(plan.chips, top.partition.chips):
+        m = read_manifest(paths[2] / part.folder)
+        assert (chip.weights_bytes, chip.kv_bytes) == (m.weights.bytes, m.kv.total_bytes)
+    one = open_device(paths[1])
+    reference = greedy_together(one, _prompts(), STEPS)
+    one.close()
+    device = open_device(paths[2], chip_configs(2))
+    try:
+        assert greedy_together(device, _prompts(), STEPS) == reference
+    finally:
+        device.close()

@@ -5,7 +5,8 @@ under the stacks' names: `partition.sharded`). Everything else is replicated or 
 
     router              every chip (tiny, fp32): each computes the same global top-k routing
     attention, KV       every chip, whole (replicated attention: the simplest correct choice; KV
-                        memory is the 1-chip calbin's on every chip, not split)
+                        memory is the 1-chip calbin's on every chip, not split), but for dense
+                        layers after the last sparse one, which only chip 0 holds
     dense-MLP layers    every chip, whole (qwen3_moe's mlp_only_layers, qwen2_moe's first layer)
     shared expert       chip 0 only, added to chip 0's partial (qwen2_moe)
     embedding, head     chip 0 (the head chip)
@@ -79,6 +80,12 @@ def blocks(spec: ModelSpec) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
     return out, tuple(pending)
 
 
+def chip_layers(spec: ModelSpec, c: int) -> tuple[int, ...]:
+    """The layers whose weights and KV chip c holds: all on chip 0; the others stop at the last sparse layer."""
+    _, tail = blocks(spec)
+    return tuple(i for i in range(spec.num_layers) if c == 0 or i not in tail)
+
+
 def block_name(block: tuple[int, ...]) -> str:
     return f"layers.{block[0]}" if len(block) == 1 else f"layers.{block[0]}-{block[-1]}"
 
@@ -126,10 +133,11 @@ def build_ep(spec: ModelSpec, logical: list[GraphSpec], weights, rope, options, 
             for sig, model in _segments(spec, gs, store, rope, options, context, c, experts):
                 sigs.append(sig)
                 models.append(model)
-        kv = KVLayout("BNSH", "float32", spec.num_layers, lanes, spec.num_kv_heads, context, spec.head_dim, True,
-                      (context,) * spec.num_layers)   # full-context buffers: no KV rings on chips
+        held = chip_layers(spec, c)
+        kv = KVLayout("BNSH", "float32", len(held), lanes, spec.num_kv_heads, context, spec.head_dim, True,
+                      (context,) * len(held))   # full-context buffers: no KV rings on chips
         builds.append(ChipBuild(c, sigs, models, kv,
-                                dict(layers=tuple(range(spec.num_layers)), heads=(0, spec.num_heads),
+                                dict(layers=held, heads=(0, spec.num_heads),
                                      kv_heads=(0, spec.num_kv_heads), ffn=(0, spec.intermediate_size),
                                      embedding=c == 0, head=c == 0, experts=experts), store))
     schedules = [ep_schedule(spec, chips, gs.name, gs.lanes, gs.tokens) for gs in logical if gs.type != HEAD]

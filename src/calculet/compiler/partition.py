@@ -101,7 +101,14 @@ def planned_chip_weights(spec: ModelSpec, options) -> list[list[tuple[str, int]]
     from calculet.compiler.weight_plan import weight_plan
 
     chips = options.chips
-    layers = pp_layer_ranges(spec.num_layers, chips) if options.partition == "pp" else [tuple(range(spec.num_layers))] * chips
+    if options.partition == "pp":
+        layers = pp_layer_ranges(spec.num_layers, chips)
+    elif options.partition == "ep":
+        from calculet.compiler.expert_parallel import check_ep, chip_layers
+        check_ep(spec, chips)
+        layers = [chip_layers(spec, c) for c in range(chips)]
+    else:
+        layers = [tuple(range(spec.num_layers))] * chips
     head_chip = chips - 1 if options.partition == "pp" else 0
     out = []
     ep = options.partition == "ep"

@@ -90,9 +90,9 @@ def plan_partition(spec: ModelSpec, scheme: str, chips: int, lanes: int, context
             layers = pp_layer_ranges(spec.num_layers, chips)[c]
             kv_heads, n_layers = spec.num_kv_heads, len(layers)
         elif scheme == "ep":
-            from calculet.compiler.expert_parallel import chip_experts
-            layers, experts = tuple(range(spec.num_layers)), chip_experts(spec, chips, c)
-            kv_heads, n_layers = spec.num_kv_heads, spec.num_layers
+            from calculet.compiler.expert_parallel import chip_experts, chip_layers
+            layers, experts = chip_layers(spec, c), chip_experts(spec, chips, c)
+            kv_heads, n_layers = spec.num_kv_heads, len(layers)
         else:
             from calculet.compiler.tensor_parallel import chip_slices
             layers, (_, kv, _) = tuple(range(spec.num_layers)), chip_slices(spec, chips, c)
