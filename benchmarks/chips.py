@@ -1,8 +1,10 @@
-"""One chip against two: the same model compiled for 1 chip, 2-chip TP and 2-chip PP, decode speed at
-1 and 8 streams and the share of each step spent in collectives.
+"""One chip against two: the same model compiled for 1 chip, 2-chip TP and 2-chip PP (a mixture-of-experts
+model: 2-chip PP and 2-chip EP, TP being for dense models), decode speed at 1 and 8 streams and the
+share of each step spent in collectives.
 
     python benchmarks/chips.py                                   # the default model (Gemma 3 270M), default policy
     python benchmarks/chips.py --tiny llama --steps 4            # smoke: a tiny random model (reference extra)
+    python benchmarks/chips.py --tiny mixtral --steps 4          # smoke: a tiny MoE model (1 chip, PP, EP)
     python benchmarks/chips.py --out chips.md                    # keep the table
 
 Each calbin is compiled once into --workdir (reused when present). A 1-chip calbin runs on one chip
@@ -36,6 +38,12 @@ import time
 from pathlib import Path
 
 VARIANTS = (("1 chip", 1, ""), ("2-chip TP", 2, "tp"), ("2-chip PP", 2, "pp"))
+MOE_VARIANTS = (("1 chip", 1, ""), ("2-chip PP", 2, "pp"), ("2-chip EP", 2, "ep"))
+MOE_TINY = ("qwen3_moe", "mixtral", "qwen2_moe")
+
+
+def _variants(args):
+    return MOE_VARIANTS if args.tiny in MOE_TINY else VARIANTS
 
 
 def _source(args) -> str | None:
@@ -55,7 +63,7 @@ def _calbins(args) -> dict[str, Path]:
     from calculet.compiler.options import CompileOptions
 
     source, out = _source(args), {}
-    for name, chips, partition in VARIANTS:
+    for name, chips, partition in _variants(args):
         path = Path(args.workdir) / f"{args.tiny or 'default'}-{args.weights}-{chips}{partition}.calbin"
         if not (path / "manifest.json").exists():
             options = CompileOptions(lanes=args.lanes, context=args.context, weights=args.weights, golden=False,
@@ -103,13 +111,13 @@ def _round(device, streams: int, steps: int, warmup: int) -> tuple[float, float,
             device.lanes.free(lane)
 
 
-def _servers(calbins: dict[str, Path], workdir: Path) -> dict:
+def _servers(calbins: dict[str, Path], workdir: Path, variants) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from serving import Server
 
     servers = {}
     try:
-        for name, chips, _ in VARIANTS:
+        for name, chips, _ in variants:
             log = workdir / f"serve-{chips}{name.split()[-1].lower()}.log"
             servers[name] = Server([f"m={calbins[name]}"], log, "--chips", str(chips)).wait_ready(600)
     except BaseException:
@@ -148,7 +156,8 @@ def _served_round(server, streams: int, steps: int) -> tuple[float, float, int]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tiny", default=None, help="a tiny random architecture (llama, qwen3, gemma3) instead of the default model")
+    p.add_argument("--tiny", default=None, help="a tiny random architecture (llama, qwen3, gemma3; MoE: qwen3_moe, "
+                                                      "mixtral, qwen2_moe) instead of the default model")
     p.add_argument("--weights", default="default", help="compile's weight policy (default: default)")
     p.add_argument("--lanes", type=int, default=8)
     p.add_argument("--context", type=int, default=256)
@@ -166,12 +175,12 @@ def main(argv=None) -> int:
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     calbins = _calbins(args)
     if args.served:
-        targets = _servers(calbins, Path(args.workdir))
+        targets = _servers(calbins, Path(args.workdir), _variants(args))
         measure, close = (lambda t, n: _served_round(t, n, args.steps)), (lambda t: t.stop())
         for server in targets.values():     # warm-up: the first requests of each server are not timed
             _served_round(server, 1, args.warmup)
     else:
-        targets = {name: _device(calbins[name], chips) for name, chips, _ in VARIANTS}
+        targets = {name: _device(calbins[name], chips) for name, chips, _ in _variants(args)}
         measure, close = (lambda t, n: _round(t, n, args.steps, args.warmup)), (lambda t: t.close())
     runs: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
     try:
@@ -185,7 +194,7 @@ def main(argv=None) -> int:
     per, first = ("token" if args.served else "step"), VARIANTS[0][0]
     rows = [f"| variant | streams | tokens/s median | worst round | vs 1 chip: median (worst round) | collective share | bytes between chips per {per} |",
             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, _, _ in VARIANTS:
+    for name, _, _ in _variants(args):
         for n in streams:
             rate = [n * args.steps / r[0] for r in runs[(name, n)]]
             ratio = [a / (n * args.steps / b[0]) for a, b in zip(rate, runs[(first, n)])]  # same round, side by side

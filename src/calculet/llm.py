@@ -46,7 +46,7 @@ class LLMOptions:
     prefill_chunks: tuple[int, ...] | None = None   # compile: chunk sizes (default 16, 128)
     weights: str | None = None                 # compile: weight policy (default "auto": by the CPU's ISA)
     chips: int | None = None                   # compile: split over this many chips (needs partition)
-    partition: str | None = None               # compile: "pp" or "tp" (calbin/partition.py)
+    partition: str | None = None               # compile: "pp", "tp" or "ep" (calbin/partition.py)
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
     step_token_budget: int = 64                # engine: decode rows + prompt tokens per step while decoding; 0: none
     in_flight: int = 2                         # engine: device jobs in flight, 1 (immediate wait) or 2 (ping/pong)

@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--chips", type=int, default=None,
                    help="when compiling a source: split it over this many chips (with --partition); a calbin "
                         "compiled with --chips runs on as many chips, sharing the cores")
-    p.add_argument("--partition", default=None, choices=["pp", "tp"], help="when compiling a source: pp or tp")
+    p.add_argument("--partition", default=None, choices=["pp", "tp", "ep"],
+                   help="when compiling a source: pp, tp or ep (MoE models)")
     p.add_argument("--expert-stats", action="store_true",
                    help="mixture-of-experts calbins compiled with --expert-stats: print the tokens routed to each expert")
     p.set_defaults(func=run)

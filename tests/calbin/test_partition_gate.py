@@ -1,4 +1,4 @@
-"""Gate P and inspect on calbins split over chips (--chips 2 --partition pp|tp)."""
+"""Gate P and inspect on calbins split over chips (--chips 2 --partition pp|tp|ep)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,15 @@ def _status(report, check_id):
     return next(c for c in report.checks if c.id == check_id)
 
 
-@pytest.mark.parametrize("partition", ["pp", "tp"])
-def test_a_compiled_partition_passes_every_gate(tiny_calbin, partition):
-    report = validate_calbin(tiny_calbin("qwen3", chips=2, partition=partition), ValidationOptions.fast())
+@pytest.mark.parametrize("arch, partition, weights", [("qwen3", "pp", "fp32"), ("qwen3", "tp", "fp32"),
+                                                      ("qwen2_moe", "ep", "fp32"), ("mixtral", "pp", "fp32"),
+                                                      ("mixtral", "ep", "default"), ("llama", "tp", "default")])
+def test_a_compiled_partition_passes_every_gate(tiny_calbin, arch, partition, weights):
+    """MoE cases guard a bug: C.moe_experts read the top manifest's weight table, which a partitioned
+    calbin leaves empty (its chips hold the weights), so every partitioned MoE calbin failed gate C.
+    Default-policy cases guard another: P.placement looked for lm_head.coarse8 as itself or .qcodes,
+    but it is stored as .weight and .scale, so every default-policy partitioned calbin failed gate P."""
+    report = validate_calbin(tiny_calbin(arch, chips=2, partition=partition, weights=weights), ValidationOptions.fast())
     failed = [(c.id, c.message) for c in report.checks if c.status is Status.FAIL]
     assert not failed
     assert all(_status(report, f"P.{r}").status is Status.PASS for r in ("chips", "placement", "collectives", "memory"))
@@ -80,3 +86,22 @@ def test_gate_f_runs_a_partitioned_calbin_against_the_reference(tiny_calbin, par
     f = [c for c in report.checks if c.gate == "F"]
     assert f and all(c.status in (Status.PASS, Status.WARN) for c in f), [(c.id, c.message) for c in f]
     assert _status(report, "F.greedy").status is Status.PASS
+
+
+def test_ep_expert_ranges_must_tile_the_experts_and_match_the_stacks(tiny_calbin, tmp_path):
+    """The manifest's per-chip expert ranges are checked against the experts and each chip's stacks."""
+    folder = tmp_path / "ep.calbin"
+    shutil.copytree(tiny_calbin("mixtral", chips=2, partition="ep"), folder)
+    path = folder / "manifest.json"
+    d = json.loads(path.read_text())
+    assert [c["experts"] for c in d["partition"]["chips"]] == [[0, 4], [4, 8]]
+    d["partition"]["chips"][1]["experts"] = [4, 7]
+    path.write_text(json.dumps(d))
+    check = _status(validate_calbin(folder, ValidationOptions.fast()), "P.placement")
+    assert check.status is Status.FAIL and "end at 7, the model has 8" in check.message
+    assert "holds 4 experts, its range [4, 7] says 3" in check.message
+
+
+def test_inspect_shows_each_chips_experts(tiny_calbin):
+    text = render_text(inspect_calbin(tiny_calbin("mixtral", chips=2, partition="ep")))
+    assert "partition ep over 2 chips" in text and "experts" in text and "4..7" in text

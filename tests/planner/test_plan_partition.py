@@ -15,9 +15,10 @@ from calculet.runtime.jobs import DecodeJob, PrefillJob
 LANES, CONTEXT, CHUNK = 4, 64, 16
 
 
-@pytest.mark.parametrize("arch, weights", [("llama", "default"), ("gemma3", "default"), ("qwen3", "int4"),
-                                           ("gemma3", "fp32")])
-@pytest.mark.parametrize("scheme", ["pp", "tp"])
+@pytest.mark.parametrize("arch, weights, scheme",
+                         [(a, w, s) for a, w in [("llama", "default"), ("gemma3", "default"), ("qwen3", "int4"), ("gemma3", "fp32")]
+                          for s in ("pp", "tp")]
+                         + [("mixtral", "default", "ep"), ("qwen2_moe", "int4", "ep"), ("qwen3_moe", "fp32", "ep")])
 def test_plan_equals_compile_and_runtime(tiny_calbin, arch, weights, scheme):
     path = tiny_calbin(arch, lanes=LANES, context=CONTEXT, chunks=(4, CHUNK), weights=weights, chips=2, partition=scheme)
     top = read_manifest(path)
@@ -27,6 +28,7 @@ def test_plan_equals_compile_and_runtime(tiny_calbin, arch, weights, scheme):
         m = read_manifest(path / part.folder)
         assert chip.weights_bytes == m.weights.bytes == part.weights_bytes
         assert chip.kv_bytes == m.kv.total_bytes
+        assert chip.experts == part.experts        # ep: the manifest's expert ranges; None otherwise
     device = open_device(path, chip_configs(2))
     try:
         lanes = [device.lanes.allocate() for _ in range(LANES)]
@@ -48,3 +50,25 @@ def test_link_and_partition_arguments_are_checked():
     with pytest.raises(RequestError, match="ns, us, ms, s"):
         parse_latency("5 parsecs")
     assert Link(0.0).seconds(3, 100) is None
+
+
+def test_plan_ep_refuses_a_dense_model_and_uneven_experts(tiny_calbin):
+    dense = read_manifest(tiny_calbin("llama")).spec
+    with pytest.raises(RequestError, match="--partition ep distributes the routed experts"):
+        plan_partition(dense, "ep", 2, LANES, CONTEXT, CHUNK, "fp32", 32, frozenset(FUSIONS), Link(0.0))
+    moe = read_manifest(tiny_calbin("mixtral")).spec
+    with pytest.raises(RequestError, match="allowed --chips: 2, 4, 8"):
+        plan_partition(moe, "ep", 3, LANES, CONTEXT, CHUNK, "fp32", 32, frozenset(FUSIONS), Link(0.0))
+    plan = plan_partition(moe, "ep", 4, LANES, CONTEXT, CHUNK, "fp32", 32, frozenset(FUSIONS), Link(0.0))
+    assert [c.experts for c in plan.chips] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+
+
+def test_plan_partition_renders(tiny_calbin):
+    """Guards a bug: render() imported calculet.planner.units, which no longer exists, so every
+    `calculet plan --partition` crashed after computing the plan."""
+    from calculet.planner.partition import render
+
+    moe = read_manifest(tiny_calbin("mixtral")).spec
+    lines = render(plan_partition(moe, "ep", 2, LANES, CONTEXT, CHUNK, "fp32", 32, frozenset(FUSIONS), Link(1e9, 5e-6)))
+    assert lines[0].startswith("partition ep over 2 chips") and "experts 4..7" in lines[2]
+    assert any(line.strip().startswith(f"decode_{LANES}: 4 collectives") for line in lines)   # broadcast, 3 sparse layers

@@ -35,7 +35,7 @@ def test_models_toml_takes_the_flags_for_keys_left_out(tmp_path):
     ('[[model]]\nsource = "x"\ncalbin = "y"\n', "source or calbin, not both"),
     ('[[model]]\nsource = "x"\nchips = "0"\n', "chips must be a list"),
     ('[[model]]\nsource = "x"\nlanes = 0\n', "lanes must be in 1..256"),
-    ('[[model]]\nsource = "x"\npartition = "ep"\n', "partition must be one of pp, tp (or none), got 'ep'"),
+    ('[[model]]\nsource = "x"\npartition = "dp"\n', "partition must be one of pp, tp, ep (or none), got 'dp'"),
     ('[[model]]\nsource = "x"\nmax_queue = "a"\n', "max_queue must be a int"),
     ('[[model]]\nsource = "x"\nchat_template = "nope"\n', "nope"),
     ('name = "x"\n', "at least one [[model]]"),

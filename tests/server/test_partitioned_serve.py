@@ -198,6 +198,19 @@ def test_serve_partition_compiles_a_source_for_two_chips(tiny_model_dir, start_s
     assert collectives(server.all_metrics(), model)["bytes/all_reduce"] > 0
 
 
+def test_a_moe_model_served_expert_parallel_gives_its_one_chip_tokens(tiny_calbin, start_server):
+    """A tiny Mixtral compiled for 2 chips with --partition ep, served beside its 1-chip calbin: each
+    prompt alone and all of them at once give the 1-chip answers; the ep model's all-reduces are counted."""
+    one, ep = tiny_calbin("mixtral"), tiny_calbin("mixtral", chips=2, partition="ep")
+    server = start_server([f"one={one}", f"ep={ep}"], "--chips", "2")
+    alone = [token_ids(complete(server, "one", p)) for p in PROMPTS]
+    assert len({t for ids in alone for t in ids}) > 3, "degenerate reference: the test would be weak"
+    assert [token_ids(complete(server, "ep", p)) for p in PROMPTS] == alone
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        assert list(pool.map(lambda p: token_ids(complete(server, "ep", p)), PROMPTS)) == alone
+    assert collectives(server.all_metrics(), "ep")["bytes/all_reduce"] > 0
+
+
 @pytest.mark.slow
 def test_default_model_served_on_two_chips_tp_and_pp_gives_the_one_chip_answers(default_calbin_fp32, tmp_path_factory,
                                                                                 start_server):

@@ -75,8 +75,11 @@ def _partition(part: dict | None) -> list[str]:
     rows = [(c["index"], _span(c["layers"]), f"{c['heads'][0]}..{c['heads'][1] - 1}", f"{c['kv_heads'][0]}..{c['kv_heads'][1] - 1}",
              f"{c['ffn'][0]}..{c['ffn'][1] - 1}", ("embed " if c["embedding"] else "") + ("head" if c["head"] else ""),
              show_bytes(c["weights_bytes"]), show_bytes(c["memory_bytes"])) for c in part["chips"]]
-    out += ["    " + line for line in _table(rows, ("chip", "layers", "heads", "kv heads", "ffn", "also", "weights", "memory"),
-                                           {6, 7})]
+    head = ("chip", "layers", "heads", "kv heads", "ffn", "also", "weights", "memory")
+    if any("experts" in c for c in part["chips"]):   # ep
+        rows = [r[:5] + (f"{c['experts'][0]}..{c['experts'][1] - 1}",) + r[5:] for r, c in zip(rows, part["chips"])]
+        head = head[:5] + ("experts",) + head[5:]
+    out += ["    " + line for line in _table(rows, head, {len(head) - 2, len(head) - 1})]
     out += [f"    {graph}: {c['count']} collectives ({', '.join(c['kinds'])}), {show_bytes(c['link_bytes'])} between chips per call"
             for graph, c in part["collectives"].items()]
     return out

@@ -286,7 +286,7 @@ class Manifest:
     passes: tuple[str, ...] = ()        # fusion passes applied
     provenance: Provenance | None = None   # source identity, compile command, toolchain (calbin/provenance.py)
     isa: IsaInfo | None = None          # compiling CPU's features and the weight policy's reason (calbin/isa.py)
-    partition: Partition | None = None     # --chips N --partition pp|tp: which chip holds what (calbin/partition.py)
+    partition: Partition | None = None     # --chips N --partition pp|tp|ep: which chip holds what (calbin/partition.py)
 
     @property
     def spec(self) -> ModelSpec:

@@ -1,4 +1,4 @@
-"""The partition section of a calbin split over several chips (`calculet compile --chips N --partition pp|tp`).
+"""The partition section of a calbin split over several chips (`calculet compile --chips N --partition pp|tp|ep`).
 
 A partitioned calbin is one folder:
 
@@ -15,6 +15,8 @@ concurrently), and between two segments one collective that moves a tensor betwe
     pp   prefill_16:  [chip 0: prefill_16 (embed, layers 0..k-1)] ─send hidden─▶ [chip 1: prefill_16 (layers k.., norm)]
     tp   decode_4:    [chip 0: embed] ─broadcast─▶ [all: layers.0.attn] ─all_reduce─▶ [all: layers.0.mlp] ─all_reduce─▶ ...
                       ... ─▶ [chip 0: final (norm, hidden)]
+    ep   decode_4:    [chip 0: embed] ─broadcast─▶ [all: layers.0 (attention, local experts)] ─all_reduce─▶ ...
+                      ... ─reduce─▶ [chip 0: final (norm, hidden)]
 
 Tensor names tie segments together: a chip graph's output `<x>_out` is the next segment's input
 `<x>_in` on the same chip (a chip-local carry, no bytes between chips) unless a collective sits
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from calculet.calbin.graphspec import nbytes
 from calculet.errors import ModelError
 
-PARTITIONS = ("pp", "tp")
+PARTITIONS = ("pp", "tp", "ep")
 COLLECTIVE_KINDS = ("send", "broadcast", "reduce", "all_reduce")
 HOST_INPUTS = ("input_ids", "seqlens_k", "total_seq_len", "last_index")
 
@@ -64,16 +66,19 @@ class ChipPart:
     head: bool                        # holds the final norm and lm_head (the head graphs)
     weights_bytes: int                # its graphs/weights.bin
     memory_bytes: int                 # its memory plan's total (weights + KV + staging)
+    experts: tuple[int, int] | None = None   # ep: [first, end) routed experts of each sparse layer; None: not ep
 
     def to_json(self) -> dict:
         return {"index": self.index, "folder": self.folder, "layers": list(self.layers), "heads": list(self.heads),
                 "kv_heads": list(self.kv_heads), "ffn": list(self.ffn), "embedding": self.embedding,
-                "head": self.head, "weights_bytes": self.weights_bytes, "memory_bytes": self.memory_bytes}
+                "head": self.head, "weights_bytes": self.weights_bytes, "memory_bytes": self.memory_bytes,
+                **({} if self.experts is None else {"experts": list(self.experts)})}
 
     @staticmethod
     def from_json(d: dict) -> "ChipPart":
         return ChipPart(d["index"], d["folder"], tuple(d["layers"]), tuple(d["heads"]), tuple(d["kv_heads"]),
-                        tuple(d["ffn"]), d["embedding"], d["head"], d["weights_bytes"], d["memory_bytes"])
+                        tuple(d["ffn"]), d["embedding"], d["head"], d["weights_bytes"], d["memory_bytes"],
+                        tuple(d["experts"]) if d.get("experts") is not None else None)
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,7 @@ class Partition:
     schedules: tuple[Schedule, ...]   # one per logical body graph
     replicated: tuple[str, ...]       # weight names stored on more than one chip with the same bytes, on purpose
     note: str = ""                    # a sentence on where things are and why
-    sharded: tuple[str, ...] = ()     # weight names each chip holds its own slice of (tp), under the one name
+    sharded: tuple[str, ...] = ()     # weight names each chip holds its own slice of (tp, ep), under the one name
 
     def __post_init__(self):
         if self.scheme not in PARTITIONS:

@@ -42,9 +42,11 @@ def add_parser(sub) -> None:
                    help="debug build: every module's output (embedding, norms, attention, MLP, each layer) is also a "
                         "graph output, for `calculet compare --probe`")
     p.add_argument("--chips", type=int, default=1, help="split the model over this many chips (1..8; needs --partition)")
-    p.add_argument("--partition", default="", choices=["", "pp", "tp"],
+    p.add_argument("--partition", default="", choices=["", "pp", "tp", "ep"],
                    help="how --chips splits the model: pp (contiguous layer ranges, the hidden state sent chip to "
-                        "chip) or tp (attention heads and FFN columns split, partial outputs all-reduced)")
+                        "chip), tp (attention heads and FFN columns split, partial outputs all-reduced) or ep "
+                        "(mixture-of-experts models: routed experts split, attention replicated, expert outputs "
+                        "all-reduced)")
     p.add_argument("--no-kv-ring", action="store_true",
                    help="sliding-window layers keep a full-context KV buffer (fused attention) instead of a ring of "
                         "window + largest prefill chunk rows (for A/B runs)")

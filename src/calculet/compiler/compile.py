@@ -119,6 +119,9 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     tok = tokenizer_info(source, spec)
     (folder / "tokenizer.json").write_text(source.tokenizer_json)
 
+    if options.chips > 1:  # refuse a partition the model cannot take before any weight is read
+        from calculet.compiler.partition import check_partition
+        check_partition(spec, options.partition, options.chips)
     weights = WeightStore()
     table = policy_table(options.weights, options.block_size)
     with _progress(len(source.tensors), f"weights ({options.weights})", "tensor") as bar:
@@ -187,6 +190,9 @@ def _partition_builds(spec, signatures, weights, rope, options, profile, source,
 
     if options.partition == "pp":
         return partition.build_pp(spec, signatures, weights, rope, options, profile.context, profile.lanes)
+    if options.partition == "ep":
+        from calculet.compiler import expert_parallel
+        return expert_parallel.build_ep(spec, signatures, weights, rope, options, profile.context, profile.lanes)
     from calculet.compiler import tensor_parallel
     return tensor_parallel.build_tp(spec, signatures, weights, rope, options, profile.context, profile.lanes,
                                     source, family)

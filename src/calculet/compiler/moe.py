@@ -28,12 +28,27 @@ Three formulations, chosen by target and weight format:
   call: 1 token gather 0.91 / dense 5.4; 8 tokens 8.7 / 6.8; 128 tokens 132 / 48).
 On the default target the contrib kernels beat both (same block: MoE 0.70 / 3.2 / 10.3 ms; QMoE
 int8 0.29 / 0.78 / 5.3 ms), which is why they are the default.
+`--partition ep` (compiler/expert_parallel.py) builds `local_experts`: chip c holds experts [a, b)
+and needs their share of the *global* routing, exactly. The contrib kernels route inside (softmax,
+top k over the experts they are given, QMoE renormalising unless given router_weights), so a chip
+cannot hand them its slice of the logits. Instead the global routing is computed in ONNX ops, as
+`routing` does, and scattered to R [N, E] (zero off each token's top k); the chip's columns
+Rc = R[:, a:b] hold at most k non-zero (positive) weights per token, so its top min(k, b - a) of Rc
+covers all of them and mixes exactly Rc:
+    QMoE (int8 / int4 experts):  router_probs = Rc (selection), router_weights = Rc (mixing),
+                                 k = min(k, b - a), normalize_routing_weights = 0
+    fp32 / fp16 experts:         TopK(Rc) -> the `gather` or `dense` formulation over the local stacks
+(com.microsoft.MoE has no router_weights input: it would softmax Rc again.) The chips' outputs are
+partial sums over their experts; their sum is the layer's output.
+
 Standard formulations serve the portable target (fp32, fp16, int8 via blocked DequantizeLinear)
 and fp16 experts on the default target (the contrib kernels take a half-precision router input,
 which would round the router logits before the top-k choice).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -80,6 +95,47 @@ def sparse_mlp(g: GraphBuilder, spec: ModelSpec, layer: int, x: str, rows: int, 
     shape = g.op("Shape", [x], name=f"{scope}/Shape")
     y = g.op("Reshape", [y, shape], name=f"{scope}/Unflatten")                                   # [L, S, H]
     if spec.moe.shared_expert_intermediate_size:
+        y = g.op("Add", [y, _shared_expert(g, layer, x, f"{scope}/shared_expert")], name=f"{scope}/AddShared")
+    return y
+
+
+def local_experts(g: GraphBuilder, spec: ModelSpec, layer: int, x: str, rows: int, scope: str,
+                  experts: tuple[int, int], shared: bool) -> str:
+    """x [L, S, H] (normed) -> this chip's partial output [L, S, H]: the weighted sum over experts
+    [first, end) of the layer (the graph's store holds only their rows of each stack), with the
+    global top-k routing (module docstring); `shared`: also the shared expert (Qwen2-MoE, one chip)."""
+    router, fc1, fc2 = weight_names(layer)
+    moe, h = spec.moe, spec.hidden_size
+    first, end = experts
+    local_k = min(moe.experts_per_token, end - first)
+    flat = g.op("Reshape", [x, g.const([-1, h])], name=f"{scope}/Flatten")                       # [N, H]
+    logits = g.op("MatMul", [flat, g.weight(router)], name=f"{scope}/router/MatMul")             # [N, E]
+    weights, idx = routing(g, spec, logits, f"{scope}/router")                                   # [N, k] each
+    zeros = g.op("ConstantOfShape", [g.op("Shape", [logits], name=f"{scope}/route/Shape")], name=f"{scope}/route/Zeros")
+    route = g.op("ScatterElements", [zeros, idx, weights], name=f"{scope}/route/Scatter", axis=1)  # R [N, E]
+    local = g.op("Slice", [route, g.const([first]), g.const([end]), g.const([1])],
+                 name=f"{scope}/route/Local")                                                     # Rc [N, E/P]
+    q = g.weights.quant(fc1)
+    if g.target == "cpu" and q is not None and q.bits in (4, 8):
+        q2 = g.weights.quant(fc2)
+        assert (q2.bits, q2.block) == (q.bits, q.block), "a layer's expert stacks share one format"
+        y = g.op("QMoE", [flat, local, g.weight(f"{fc1}.qcodes"), g.weight(f"{fc1}.qscales"), "",
+                          g.weight(f"{fc2}.qcodes"), g.weight(f"{fc2}.qscales"), "", "", "", "", "", "", "", local],
+                 name=f"{scope}/experts/QMoE", domain=MS_DOMAIN, expert_weight_bits=q.bits, block_size=q.block,
+                 weights_prepacked=0, accuracy_level=q.accuracy_level, k=local_k, activation_type="swiglu",
+                 swiglu_fusion=1, normalize_routing_weights=0)
+    else:
+        lspec = replace(spec, moe=replace(moe, num_experts=end - first, experts_per_token=local_k))
+        w_local, idx_local = g.op("TopK", [local, g.const([local_k])], name=f"{scope}/route/LocalTopK", n_out=2,
+                                  axis=-1, largest=1, sorted=1)                                   # [N, k'] each
+        w1, w2 = _expert_stack(g, fc1, f"{scope}/experts/fc1"), _expert_stack(g, fc2, f"{scope}/experts/fc2")
+        half = layers.is_half(g, fc1)
+        if 2 * rows * local_k <= end - first:
+            y = _gathered(g, lspec, flat, w_local, idx_local, w1, w2, half, scope)
+        else:
+            y = _dense(g, lspec, flat, w_local, idx_local, local, w1, w2, half, scope)
+    y = g.op("Reshape", [y, g.op("Shape", [x], name=f"{scope}/Shape")], name=f"{scope}/Unflatten")  # [L, S, H]
+    if shared and moe.shared_expert_intermediate_size:
         y = g.op("Add", [y, _shared_expert(g, layer, x, f"{scope}/shared_expert")], name=f"{scope}/AddShared")
     return y
 

@@ -39,7 +39,7 @@ class CompileOptions:
     probes: bool = False         # debug build: every module's output is also a graph output (compare --probe)
     quant: tuple = ()            # per-module overrides of the policy (compiler/quant_spec.Override, from --quant)
     chips: int = 1               # --chips N: split the model over N chips (needs a partition)
-    partition: str = ""          # --partition pp|tp (calbin/partition.py); "" on one chip
+    partition: str = ""          # --partition pp|tp|ep (calbin/partition.py); "" on one chip
     kv_memory: int | None = None # KV budget in bytes for choosing (or checking) the context; None: auto
     kv_rings: bool = True        # sliding-window layers keep a ring of window + largest chunk rows (compiler/kv_layout.py)
 

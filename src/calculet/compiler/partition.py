@@ -1,10 +1,11 @@
-"""`compile --chips N --partition pp|tp`: one sub-calbin per chip and the manifest's partition section.
+"""`compile --chips N --partition pp|tp|ep`: one sub-calbin per chip and the manifest's partition section.
 
     pp   chip c holds a contiguous range of layers (ranges differ by at most one layer, the earlier
          chips taking the extra ones); chip 0 also embeds the tokens, the last chip also holds the
          final norm and the head graphs. Each body graph becomes one stage graph per chip; the
          residual stream [L, S, H] is sent from chip c to chip c + 1 between them.
     tp   compiler/tensor_parallel.py: heads and FFN columns split, partial outputs all-reduced.
+    ep   compiler/expert_parallel.py: a MoE model's routed experts split, partial outputs all-reduced.
 
 A chip's weights are exactly the tensors its graphs read: each graph is built against the whole
 model's weight store, then `WeightStore.subset` keeps what the chip's graphs name and `relocate`
@@ -61,14 +62,34 @@ def schedule_for(spec: ModelSpec, scheme: str, chips: int, graph: str, lanes: in
     """The schedule compile writes for a body graph of `lanes` x `tokens` (the planner prices it)."""
     if scheme == "pp":
         return pp_schedule(spec, chips, graph, lanes, tokens)
+    if scheme == "ep":
+        from calculet.compiler import expert_parallel
+        return expert_parallel.ep_schedule(spec, chips, graph, lanes, tokens)
     from calculet.compiler import tensor_parallel
     return tensor_parallel.tp_schedule(spec, chips, graph, lanes, tokens)
 
 
+def check_partition(spec: ModelSpec, scheme: str, chips: int) -> None:
+    """A clear error when the model cannot be split this way over `chips` chips."""
+    if scheme == "pp":
+        pp_layer_ranges(spec.num_layers, chips)
+    elif scheme == "tp":
+        from calculet.compiler import tensor_parallel
+        tensor_parallel.check_tp(spec, chips)
+    elif scheme == "ep":
+        from calculet.compiler import expert_parallel
+        expert_parallel.check_ep(spec, chips)
+
+
 def chip_specs(spec: ModelSpec, scheme: str, chips: int) -> list[ModelSpec]:
-    """The model description each chip's weights follow: the whole spec (pp) or a narrow one (tp)."""
+    """The model description each chip's weights follow: the whole spec (pp), a narrow one (tp), or
+    one with the chip's share of the experts (ep)."""
     if scheme == "pp":
         return [spec] * chips
+    if scheme == "ep":
+        from calculet.compiler import expert_parallel
+        expert_parallel.check_ep(spec, chips)
+        return [expert_parallel.chip_spec(spec, chips)] * chips
     from calculet.compiler import tensor_parallel
     return [tensor_parallel.narrow_spec(spec, *tensor_parallel.chip_slices(spec, chips, c)) for c in range(chips)]
 
@@ -80,17 +101,41 @@ def planned_chip_weights(spec: ModelSpec, options) -> list[list[tuple[str, int]]
     from calculet.compiler.weight_plan import weight_plan
 
     chips = options.chips
-    layers = pp_layer_ranges(spec.num_layers, chips) if options.partition == "pp" else [tuple(range(spec.num_layers))] * chips
+    if options.partition == "pp":
+        layers = pp_layer_ranges(spec.num_layers, chips)
+    elif options.partition == "ep":
+        from calculet.compiler.expert_parallel import check_ep, chip_layers
+        check_ep(spec, chips)
+        layers = [chip_layers(spec, c) for c in range(chips)]
+    else:
+        layers = [tuple(range(spec.num_layers))] * chips
     head_chip = chips - 1 if options.partition == "pp" else 0
     out = []
+    ep = options.partition == "ep"
+    whole = [x for t in weight_plan(spec, options).tensors for x in t.stored()] if ep else []
     for c, cspec in enumerate(chip_specs(spec, options.partition, chips)):
         stored = [x for t in weight_plan(cspec, options).tensors for x in t.stored()]
+        if ep:   # the expert stacks' bytes from the chip's share of the experts; everything else (the router) whole
+            stacks = _ep_stacks(spec)
+            assert [n for n, _ in stored] == [n for n, _ in whole], "the ep chip spec changed the weight list"
+            stored = [(n, b if n in stacks else wb) for (n, b), (_, wb) in zip(stored, whole)]
         names = [n for n, _ in stored]
         tied_head = spec.tie_word_embeddings and not any(n.startswith("lm_head.weight") for n in names)
         only_head = _head_only(spec, options.partition)
         out.append([(n, b) for n, b in stored
-                    if holds(n, set(layers[c]), c == 0, c == head_chip, tied_head) and (c == head_chip or n not in only_head)])
+                    if holds(n, set(layers[c]), c == 0, c == head_chip, tied_head) and (c == head_chip or n not in only_head)
+                    and not (ep and c != 0 and _shared_only(n))])
     return out
+
+
+def _shared_only(name: str) -> bool:
+    from calculet.compiler import expert_parallel
+    return expert_parallel.shared_only(name)
+
+
+def _ep_stacks(spec: ModelSpec) -> set[str]:
+    from calculet.compiler import expert_parallel
+    return {f"{n}{suffix}" for n in expert_parallel.stack_names(spec) for suffix in ("", ".qcodes", ".qscales")}
 
 
 def _head_only(spec: ModelSpec, scheme: str) -> set[str]:
@@ -222,6 +267,10 @@ def placement(stores: list[WeightStore]) -> tuple[tuple[str, ...], tuple[str, ..
 
 
 def note(scheme: str, chips: int) -> str:
+    if scheme == "ep":
+        return (f"expert parallel over {chips} chips: chip c holds routed experts [c E/{chips}, (c+1) E/{chips}) of "
+                f"every sparse layer; router, attention (whole, KV on every chip) and dense MLPs replicated; the "
+                f"shared expert, embedding, final norm and head graphs on chip 0; the chips' expert outputs all-reduced")
     if scheme == "pp":
         return (f"pipeline over {chips} chips: contiguous layer ranges; chip 0 embeds, chip {chips - 1} holds the "
                 f"final norm and the head graphs; the residual stream is sent chip to chip")

@@ -129,6 +129,26 @@ class WeightStore:
         out._quant = {n: q for n, q in self._quant.items() if f"{n}.qcodes" in out}
         return out
 
+    def slice_rows(self, rows: dict[str, tuple[int, int]]) -> "WeightStore":
+        """A new store, in this store's order, where each weight named in `rows` (plain, or its
+        `.qcodes` and `.qscales`) keeps rows [first, end) of axis 0 and every other tensor is shared
+        as is: one chip's experts of each stacked expert tensor (`--partition ep`)."""
+        out = WeightStore()
+        cut = {}
+        for name, (a, b) in rows.items():
+            cut.update({n: (a, b) for n in (name, f"{name}.qcodes", f"{name}.qscales")})
+        for e in self._entries.values():
+            if e.name not in self._arrays:                       # an alias: after its base, same bytes
+                base = next(n for n, x in self._entries.items() if n in self._arrays and x.offset == e.offset)
+                out.add_alias(e.name, base, e.shape)
+            elif e.name in cut:
+                a, b = cut[e.name]
+                out.add(e.name, self._arrays[e.name][a:b])
+            else:
+                out.add(e.name, self._arrays[e.name])
+        out._quant = dict(self._quant)
+        return out
+
     def write(self, path: Path, progress=None) -> None:
         with open(path, "wb") as f:
             for e in self._entries.values():

@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="activation dtype: fp32 (compile); fp16, bf16 for accelerator planning")
     p.add_argument("--logits-dtype", default="fp32",
                    help="logits dtype: fp32 (compile); fp16, bf16 for accelerator planning")
-    p.add_argument("--partition", default=None, choices=["pp", "tp"],
+    p.add_argument("--partition", default=None, choices=["pp", "tp", "ep"],
                    help="with --chips N: per-chip weights and KV as `compile --chips N --partition` writes them, and "
                         "the bytes its collectives move per decode step and per prefill chunk")
     p.add_argument("--link-bandwidth", default=None, metavar="SIZE",
@@ -93,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
             model.spec, args.partition, request.chips, request.lanes, request.context,
             min(request.prefill_chunk, request.context), request.weights, request.block_size, request.fusions, link))
     elif args.link_bandwidth or args.link_latency:
-        raise RequestError("bad_argument", "--link-bandwidth and --link-latency price a partition: add --partition pp|tp")
+        raise RequestError("bad_argument", "--link-bandwidth and --link-latency price a partition: add --partition pp|tp|ep")
     print(report.to_json() if args.json else render_text(report))
     return 0 if report.fit.fits else 1
 

@@ -1,9 +1,11 @@
-"""`calculet plan --chips N --partition pp|tp`: what compile would put on each chip and what crossing
+"""`calculet plan --chips N --partition pp|tp|ep`: what compile would put on each chip and what crossing
 chips costs per step, from the compiler's own rules (plan = compile):
 
 - per-chip weights: `compiler/partition.planned_chip_weights` (the weight plan of the chip's spec,
   placed by the same rule compile checks its chip stores against), laid out as weights.bin is;
-- per-chip KV: the chip's layers (pp) or KV heads (tp, replicated below the chip count);
+- per-chip KV: the chip's layers (pp), KV heads (tp, replicated below the chip count), or all of it
+  (ep: attention replicated);
+- per-chip experts (ep): [c E/P, (c+1) E/P) of each sparse layer;
 - collectives: the schedule compile writes for a decode step over all lanes and for one prefill
   chunk (`compiler/partition.schedule_for`), priced by `calbin/partition.collective_bytes`, the
   formula the runtime's `Collectives` counts with;
@@ -15,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from calculet.calbin.partition import PARTITIONS
 from calculet.compiler.partition import planned_chip_weights, pp_layer_ranges, schedule_for, weights_file_bytes
 from calculet.errors import RequestError
 from calculet.models.base import ModelSpec
@@ -41,6 +44,7 @@ class ChipPlan:
     kv_heads: int
     weights_bytes: int                # its weights.bin, as compile lays it out
     kv_bytes: int
+    experts: tuple[int, int] | None = None   # ep: [first, end) routed experts of each sparse layer
 
 
 @dataclass(frozen=True)
@@ -74,22 +78,28 @@ class _Options:
 
 def plan_partition(spec: ModelSpec, scheme: str, chips: int, lanes: int, context: int, chunk: int, weights: str,
                    block_size: int, fusions: frozenset, link: Link) -> PartitionPlan:
-    if scheme not in ("pp", "tp"):
-        raise RequestError("bad_argument", f"--partition must be pp or tp, got {scheme!r}")
+    if scheme not in PARTITIONS:
+        raise RequestError("bad_argument", f"--partition must be one of {', '.join(PARTITIONS)}, got {scheme!r}")
     if chips < 2:
         raise RequestError("bad_argument", f"--partition {scheme} needs --chips 2 or more, got {chips}")
     arrays = planned_chip_weights(spec, _Options(weights, block_size, frozenset(fusions), context, chips, scheme))
     out = []
     for c in range(chips):
+        experts = None
         if scheme == "pp":
             layers = pp_layer_ranges(spec.num_layers, chips)[c]
+            kv_heads, n_layers = spec.num_kv_heads, len(layers)
+        elif scheme == "ep":
+            from calculet.compiler.expert_parallel import chip_experts, chip_layers
+            layers, experts = chip_layers(spec, c), chip_experts(spec, chips, c)
             kv_heads, n_layers = spec.num_kv_heads, len(layers)
         else:
             from calculet.compiler.tensor_parallel import chip_slices
             layers, (_, kv, _) = tuple(range(spec.num_layers)), chip_slices(spec, chips, c)
             kv_heads, n_layers = kv[1] - kv[0], spec.num_layers
         kv_bytes = 2 * n_layers * lanes * kv_heads * context * spec.head_dim * 4
-        out.append(ChipPlan(c, (layers[0], layers[-1] + 1), kv_heads, weights_file_bytes(arrays[c]), kv_bytes))
+        out.append(ChipPlan(c, (layers[0], layers[-1] + 1), kv_heads, weights_file_bytes(arrays[c]), kv_bytes,
+                            experts))
     return PartitionPlan(scheme, tuple(out), _cost(spec, scheme, chips, f"decode_{lanes}", lanes, 1, link),
                          _cost(spec, scheme, chips, f"prefill_{chunk}", 1, chunk, link), link)
 
@@ -111,12 +121,13 @@ def parse_latency(text: str | None) -> float:
 
 
 def render(plan: PartitionPlan) -> list[str]:
-    from calculet.planner.units import human_bytes
+    from calculet.units import human_bytes
 
     lines = [f"partition {plan.scheme} over {len(plan.chips)} chips (as `calculet compile --chips "
              f"{len(plan.chips)} --partition {plan.scheme}` writes it)"]
     for c in plan.chips:
-        lines.append(f"  chip {c.index}: layers {c.layers[0]}..{c.layers[1] - 1}, {c.kv_heads} KV head(s); "
+        experts = "" if c.experts is None else f", experts {c.experts[0]}..{c.experts[1] - 1}"
+        lines.append(f"  chip {c.index}: layers {c.layers[0]}..{c.layers[1] - 1}, {c.kv_heads} KV head(s){experts}; "
                      f"weights {human_bytes(c.weights_bytes)} ({c.weights_bytes:,} B), KV {human_bytes(c.kv_bytes)}")
     for cost in (plan.decode, plan.prefill):
         time = "" if cost.seconds is None else f", {cost.seconds * 1e6:.1f} us on the link"

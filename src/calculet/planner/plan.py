@@ -158,7 +158,7 @@ class PlanReport:
     fit: Fit
     assumptions: tuple[str, ...]
     warnings: tuple[str, ...]
-    partition: object = None          # planner/partition.PartitionPlan with --partition pp|tp
+    partition: object = None          # planner/partition.PartitionPlan with --partition pp|tp|ep
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=sorted)  # fusions: a sorted list
@@ -273,7 +273,7 @@ def _assumptions(hp: ModelSpec, sh: Sharding, r: PlanRequest, chunk: int) -> tup
     if r.chips > 1:
         notes.append("the budget above splits evenly: q/k/v by head, o_proj by input; MLP and each expert "
                      "along the FFN width; embeddings, lm_head and its copies by vocabulary rows; norms, "
-                     "routers and rope tables replicated. `--partition pp|tp` adds what compile --chips "
+                     "routers and rope tables replicated. `--partition pp|tp|ep` adds what compile --chips "
                      "really writes per chip (embedding and lm_head whole on one chip)")
     if hp.moe:
         notes.append(f"all {hp.moe.num_experts} experts resident on every chip "

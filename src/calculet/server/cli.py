@@ -23,9 +23,9 @@ def add_server_arguments(p) -> None:
     p.add_argument("--chips", type=int, default=ServerConfig.chips, metavar="N",
                    help="chips to place models on; each model runs on its own sessions and worker with cores/N "
                         "threads (unless --threads) (default %(default)s)")
-    p.add_argument("--partition", default="", choices=("", "tp", "pp"), metavar="tp|pp",
-                   help="compile a source (or the default model) for --chips chips, split by tensor (tp) or pipeline "
-                        "(pp) parallelism, and serve it on them; a calbin compiled with --chips N --partition runs on "
+    p.add_argument("--partition", default="", choices=("", "tp", "pp", "ep"), metavar="tp|pp|ep",
+                   help="compile a source (or the default model) for --chips chips, split by tensor (tp), pipeline "
+                        "(pp) or, for mixture-of-experts models, expert (ep) parallelism, and serve it on them; a calbin compiled with --chips N --partition runs on "
                         "chips 0..N-1 without this flag (default: one chip)")
     p.add_argument("--chip-memory", default=None, metavar="BYTES",
                    help="memory budget of each chip (e.g. 512M, 8G); a model whose memory plan does not fit is refused "

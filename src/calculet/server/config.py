@@ -35,7 +35,7 @@ class ServerConfig:
     models: tuple = ()                     # ModelSpec per served model; () = one, from `model` and the flags above
     chips: int = 1                         # chips the server places models on (server/placement.py)
     chip_memory: int | None = None         # bytes each chip may hold; None: unlimited
-    partition: str = ""                    # --partition tp|pp: compile a source for --chips chips; "": one chip
+    partition: str = ""                    # --partition tp|pp|ep: compile a source for --chips chips; "": one chip
     admin_key: str | None = None           # key of /admin/*; None: the API key; neither: admin is off
     prefix_cache: bool = True              # --no-prefix-cache turns it off
 

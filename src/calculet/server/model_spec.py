@@ -6,7 +6,7 @@ whose name is derived), from `--models models.toml`, or from an admin load reque
     name = "gemma"                 # what clients send as `model` (default: derived from the path)
     source = "path/to/hf-or.gguf"  # or: calbin = "path/to/model.calbin"; neither: the embedded default model
     chips = [0]                    # the chip(s) it runs on (server/placement.py); default: 0..N-1 for an N-chip calbin
-    partition = "tp"               # compile a source for len(chips) (else --chips) chips: tp or pp (default: one chip)
+    partition = "tp"               # compile a source for len(chips) (else --chips) chips: tp, pp or ep (default: one chip)
     lanes = 8                      # KV lanes when a source is compiled (a calbin has its own)
     chat_template = "gemma"        # built-in name or Jinja file
     max_queue = 128                # its own waiting queue

@@ -4,7 +4,7 @@ A chip is the runtime's `ChipConfig` (runtime/chips.py): an execution slot with 
 intra-op thread share and its memory budget. The server builds its chips once from the flags
 (`server_chips`) and every model's Device opens its sessions on the chips it is placed on, so two
 models never share a session or a worker, and the models on one chip share its memory budget. A
-partitioned calbin (`compile --chips N --partition tp|pp`) runs on N chips, one share on each.
+partitioned calbin (`compile --chips N --partition tp|pp|ep`) runs on N chips, one share on each.
 
     chips = server_chips(2, threads=0, chip_memory=None)    # ChipConfig(0), ChipConfig(1)
     placement = Placement(chips)
@@ -95,7 +95,7 @@ class Placement:
             want = list(range(chip_count))
             raise RequestError("bad_option", f"model {name!r} names chips {list(indices)}, but its calbin was compiled for "
                                f"{chip_count} chip(s); name {chip_count}, e.g. chips = {want}, or recompile it with "
-                               f"--chips {len(chips)}" + (" --partition tp|pp" if len(chips) > 1 else ""))
+                               f"--chips {len(chips)}" + (" --partition tp|pp|ep" if len(chips) > 1 else ""))
         return chips
 
     def used(self, index: int) -> int:

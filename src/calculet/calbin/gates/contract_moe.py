@@ -5,7 +5,9 @@
         p.gate.weight                    router [hidden, E], float32 (recorded as fp32)
         p.experts.gate_up_proj.weight    [E, 2I, hidden]   (int8/int4: .qcodes [E, 2I, hidden*bits/8],
         p.experts.down_proj.weight       [E, hidden, I]                .qscales [E, rows, cols/block])
-A dense model passes these checks with nothing to check.
+A dense model passes these checks with nothing to check. A calbin split over chips keeps its weight
+table in the chips' manifests: the table checked is theirs, an expert stack sharded by `--partition
+ep` counted as the sum of the chips' experts.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def run(ctx: GateContext) -> list[Check]:
         topk.append("no sparse layers: a mixture-of-experts model routes at least one layer")
     if topk:
         return [TOPK.check(topk, ""), EXPERTS.skip("the routing is malformed"), ROUTER.skip("the routing is malformed")]
-    shapes = {t.name: (list(t.shape), t.dtype) for t in m.weights.tensors}
+    shapes = _weight_shapes(ctx)
     records = m.quantization.tensors
     h = hp.hidden_size
     experts, routers = [], []
@@ -55,6 +57,32 @@ def run(ctx: GateContext) -> list[Check]:
     return [TOPK.check([], f"{e} experts, top {k}, sparse layers {layers}"),
             EXPERTS.check(experts, f"{2 * len(layers)} expert stacks of {e} experts"),
             ROUTER.check(routers, f"{len(layers)} float32 routers [{h}, {e}]")]
+
+
+def _weight_shapes(ctx: GateContext) -> dict[str, tuple[list, str]]:
+    """name -> (shape, dtype) of the calbin's weights (a partitioned calbin's: from its chips; a chip
+    manifest that does not read is gate P's to report)."""
+    m = ctx.manifest
+    if m.partition is None:
+        return {t.name: (list(t.shape), t.dtype) for t in m.weights.tensors}
+    from calculet.calbin.gates.context import inside
+    from calculet.calbin.manifest import read_manifest
+
+    shapes: dict[str, tuple[list, str]] = {}
+    for chip in m.partition.chips:
+        try:
+            if not inside(ctx.folder, chip.folder):
+                continue
+            tensors = read_manifest(ctx.folder / chip.folder).weights.tensors
+        except Exception:  # noqa: BLE001 - reported by gate P
+            continue
+        for t in tensors:
+            if t.name in shapes and t.name in m.partition.sharded and ".mlp.experts." in t.name:
+                have = shapes[t.name][0]
+                shapes[t.name] = ([have[0] + t.shape[0], *have[1:]], t.dtype)
+            else:
+                shapes.setdefault(t.name, (list(t.shape), t.dtype))
+    return shapes
 
 
 def _stack(shapes: dict, records: dict, name: str, want: list) -> list[str]:

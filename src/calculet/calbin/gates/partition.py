@@ -14,7 +14,9 @@ from calculet.calbin.partition import HOST_INPUTS
 from calculet.calbin.validate_report import Check, Rule, Status
 
 CHIPS = Rule("P.chips", "every chip's sub-calbin passes gates A (files), B (manifest), D (memory) and E (graphs)")
-PLACEMENT = Rule("P.placement", "every weight is held by a chip; one held by several chips is declared replicated (same bytes) or sharded (a slice each)")
+PLACEMENT = Rule("P.placement", "every weight is held by a chip; one held by several chips is declared replicated (same bytes) "
+                                "or sharded (a slice each); ep: the chips' expert ranges tile the experts and each "
+                                "chip's expert stacks hold exactly its range")
 COLLECTIVES = Rule("P.collectives", "every collective's source outputs and target inputs exist with its shape and dtype; "
                                     "every chip graph input is fed")
 MEMORY = Rule("P.memory", "each chip's weights and memory total equal its sub-calbin's plan (and fit --chip-memory)")
@@ -67,7 +69,7 @@ def _placement(ctx: GateContext, part, manifests) -> Check:
             holders.setdefault(t.name, []).append(i)
     problems = []
     for name in ctx.manifest.quantization.tensors:
-        if not any(n in holders for n in (name, f"{name}.qcodes")):
+        if not any(n in holders for n in (name, f"{name}.qcodes", f"{name}.weight")):   # .weight: lm_head.coarse8
             problems.append(f"weight {name!r} is held by no chip")
     for name, chips in sorted(holders.items()):
         if len(chips) > 1 and name not in part.replicated and name not in part.sharded:
@@ -78,8 +80,28 @@ def _placement(ctx: GateContext, part, manifests) -> Check:
     for name in part.sharded:
         if len(holders.get(name, ())) < 2:
             problems.append(f"weight {name!r} is declared sharded but held by chips {holders.get(name, [])}")
+    if part.scheme == "ep":
+        problems += _experts(ctx.manifest.spec, part, manifests)
     return PLACEMENT.check(problems, f"{len(holders)} tensors placed; {len(part.replicated)} replicated, "
                                      f"{len(part.sharded)} sharded")
+
+
+def _experts(spec, part, manifests) -> list[str]:
+    """ep: chip c's [first, end) follow one another from 0 to E, and its stacks have end - first experts."""
+    if spec.moe is None:
+        return ["partition ep on a model without routed experts"]
+    at = 0
+    for chip in part.chips:
+        if chip.experts is None or chip.experts[0] != at or not chip.experts[0] < chip.experts[1]:
+            return [f"chip {chip.index}: experts {chip.experts} do not continue the range at expert {at}"]
+        at = chip.experts[1]
+    problems = [] if at == spec.moe.num_experts else [f"the chips' experts end at {at}, the model has {spec.moe.num_experts}"]
+    for chip, m in zip(part.chips, manifests):
+        for t in m.weights.tensors:
+            if ".mlp.experts." in t.name and t.shape[0] != chip.experts[1] - chip.experts[0]:
+                problems.append(f"chip {chip.index}: {t.name} holds {t.shape[0]} experts, its range "
+                                f"{list(chip.experts)} says {chip.experts[1] - chip.experts[0]}")
+    return problems
 
 
 def _collectives(part, manifests) -> Check:
