@@ -134,14 +134,15 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
             weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
 
     in_place = options.target == "cpu"  # standard ONNX cannot update an input in place
-    kv = kv_layout(spec, profile.lanes, profile.context, profile.prefill_chunks, in_place, options.kv_rings)
+    kv = kv_layout(spec, profile.lanes, profile.context, profile.prefill_chunks, in_place, options.kv_rings,
+                   options.kv_numpy_dtype)
     if kv.ring is not None:
         log(f"KV: {len(kv.ring_layers)} sliding-window layers keep a ring of {kv.ring} rows, "
             f"{spec.num_layers - len(kv.ring_layers)} the context of {profile.context}: "
             f"{kv.bytes_per_lane / 2**20:.1f} MiB per lane")
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
                                 options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats,
-                                kv.layer_lengths)
+                                kv.layer_lengths, kv.dtype)
     builds = None
     if options.chips > 1:  # per-chip graphs, written with their weights after the base manifest exists
         builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile, source, family)
