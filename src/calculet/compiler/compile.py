@@ -251,7 +251,7 @@ def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, l
         return None
     prompts = golden_mod.golden_prompt_ids(source.tokenizer_json, tok.bos_token_id if tok.add_bos_token else None,
                                            spec.vocab_size, spec.sliding_window, profile.context)
-    thresholds = golden_thresholds(_golden_policy(options), default_model=default_model)
+    thresholds = golden_thresholds(_golden_policy(options), default_model=default_model, kv_dtype=options.kv_dtype)
     with _progress(len(prompts), "golden (reference run)", "prompt") as bar:
         golden = golden_mod.make_golden(source, prompts, n_tokens=options.golden_tokens, topk=10,
                                         thresholds=thresholds, progress=bar)
@@ -288,13 +288,25 @@ def _golden_policy(options: CompileOptions) -> str:
 DEFAULT_MODEL_BOUNDS = {"default": {"forced_agreement": 0.95, "logits_cosine": 0.998, "max_abs_logit_error": 1.5}}
 
 
-def golden_thresholds(policy: str, default_model: bool = False):
+# Gate F bounds for a KV cache narrower than fp32, never tighter than the weight policy's own. Measured
+# for --kv-dtype fp16 on the tiny random Llama, Qwen3 and Gemma 3 (fp32 weights, cpu and portable
+# targets, the golden set of 6 prompts x 32 tokens; docs/NUMERICS.md): worst max |logit error| 2.5e-4
+# (the fp32 bound of 1e-3 holds), cosine 1.0, top-10 overlap 1; Llama and Qwen3 agree on every forced
+# token, Gemma 3 loses 1 of 192 (0.9948) on a near-tie, and that prompt's free-running continuation
+# forks there (step 17 of 32). Hence per-prompt greedy agreement 0 and forced agreement 0.98 (5 of 192).
+KV_DTYPE_BOUNDS = {"fp16": {"greedy_agreement": 0.0, "forced_agreement": 0.98}}
+
+
+def golden_thresholds(policy: str, default_model: bool = False, kv_dtype: str = "fp32"):
     """fp32 graphs must match the reference tightly; quantized ones within the policy's stated bounds
-    (tighter ones where measured on the embedded default model: DEFAULT_MODEL_BOUNDS)."""
-    generic = _generic_thresholds(policy)
+    (tighter ones where measured on the embedded default model: DEFAULT_MODEL_BOUNDS); a narrower KV
+    dtype loosens them to KV_DTYPE_BOUNDS where those are looser."""
+    th = _generic_thresholds(policy)
     if default_model and policy in DEFAULT_MODEL_BOUNDS:
-        return replace(generic, **DEFAULT_MODEL_BOUNDS[policy])
-    return generic
+        th = replace(th, **DEFAULT_MODEL_BOUNDS[policy])
+    for key, bound in KV_DTYPE_BOUNDS.get(kv_dtype, {}).items():
+        th = replace(th, **{key: min(getattr(th, key), bound)})
+    return th
 
 
 def _generic_thresholds(policy: str):
