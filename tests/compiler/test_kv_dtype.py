@@ -4,8 +4,9 @@ dtypes no execution provider here can run are refused at compile time with the r
 
 Measured before these tests were written (tiny Llama, Qwen3, Gemma 3 with a KV ring; fp32 weights;
 lanes 4, context 128, chunks 4 and 16; prompts of 5, 20 and 37 tokens decoded together for 24 tokens):
-identical greedy tokens on both targets, prompt logits within 6.1e-4 of fp32 KV's (Qwen3; Llama 4.0e-4,
-Gemma 3 1.5e-4 cpu, 3.3e-5 portable).
+identical greedy tokens, except Qwen3 on the cpu target (attention in float16 there), whose 37-token
+prompt forks at step 23 of 24; prompt logits within 1.8e-3 of fp32 KV's on the cpu target (Qwen3;
+Llama 8.9e-4, Gemma 3 2.0e-4) and 6.1e-4 on the portable one (attention in float32 after the cast).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from decoding import greedy_together, prefill
 
 CONTEXT, TOKENS = 128, 24
 PROMPTS = [np.random.default_rng(0).integers(3, 300, size=n).tolist() for n in (5, 20, 37)]
-LOGIT_BOUND = 1e-3   # measured worst 6.1e-4
+LOGIT_BOUND = 4e-3   # measured worst 1.8e-3 (Qwen3, cpu target)
+FORKS = {("qwen3", "cpu"): 1}   # at most this many sequences fork (after step 16), as measured; others are equal
 
 
 @pytest.mark.parametrize("kv_dtype, target, says", [
@@ -48,7 +50,7 @@ def test_fp16_kv_is_one_chip_only():
     assert CompileOptions(kv_dtype="fp16", target="portable").kv_numpy_dtype == "float16"
 
 
-def _greedy(path) -> tuple[np.ndarray, list[list[int]], Device]:
+def _greedy(path) -> tuple[np.ndarray, list[list[int]], set[str]]:
     device = Device()
     device.configure(device.load(path))
     try:
@@ -76,7 +78,9 @@ def test_fp16_kv_gives_fp32_kvs_greedy_tokens(arch, target, tiny_calbin):
     first16, tokens16, arrays = _greedy(half)
     assert arrays == {"float16"}
     first32, tokens32, _ = _greedy(tiny_calbin(arch, context=CONTEXT, target=target))
-    assert tokens16 == tokens32
+    forked = [next(i for i, (a, b) in enumerate(zip(s16, s32)) if a != b) for s16, s32 in zip(tokens16, tokens32)
+              if s16 != s32]
+    assert len(forked) <= FORKS.get((arch, target), 0) and all(i >= 16 for i in forked), forked
     assert float(np.abs(first16 - first32).max()) <= LOGIT_BOUND
 
 
@@ -104,10 +108,11 @@ def test_fp16_kv_bounds_are_looser_only_where_measured():
     fp32 = golden_thresholds("fp32")
     half = golden_thresholds("fp32", kv_dtype="fp16")
     assert (half.greedy_agreement, half.forced_agreement) == (0.0, KV_DTYPE_BOUNDS["fp16"]["forced_agreement"]) == (0.0, 0.98)
-    assert (half.max_abs_logit_error, half.logits_cosine, half.topk_overlap) == \
-           (fp32.max_abs_logit_error, fp32.logits_cosine, fp32.topk_overlap)   # measured 2.5e-4 and 1.0 hold them
+    assert half.max_abs_logit_error == 4e-3 > 1.02e-3                       # 4x the measured worst
+    assert (half.logits_cosine, half.topk_overlap) == (fp32.logits_cosine, fp32.topk_overlap)   # measured 1.0 holds
     for policy in ("int8", "int4"):   # never tighter than the weight policy's own
-        assert golden_thresholds(policy, kv_dtype="fp16").forced_agreement == golden_thresholds(policy).forced_agreement
+        q, q16 = golden_thresholds(policy), golden_thresholds(policy, kv_dtype="fp16")
+        assert q16.forced_agreement == q.forced_agreement and q16.max_abs_logit_error == q.max_abs_logit_error
 
 
 def test_gate_f_passes_fp16_kv_within_its_bounds(tiny_calbin):
@@ -118,4 +123,4 @@ def test_gate_f_passes_fp16_kv_within_its_bounds(tiny_calbin):
     report = _gates(path, numerics=True)
     assert not report.failed(), [(c.id, c.message) for c in report.failed()]
     assert report.check("F.forced").evidence["threshold"] == 0.98
-    assert report.check("F.max_abs_error").evidence["threshold"] == 1e-3
+    assert report.check("F.max_abs_error").evidence["threshold"] == 4e-3

@@ -290,11 +290,13 @@ DEFAULT_MODEL_BOUNDS = {"default": {"forced_agreement": 0.95, "logits_cosine": 0
 
 # Gate F bounds for a KV cache narrower than fp32, never tighter than the weight policy's own. Measured
 # for --kv-dtype fp16 on the tiny random Llama, Qwen3 and Gemma 3 (fp32 weights, cpu and portable
-# targets, the golden set of 6 prompts x 32 tokens; docs/NUMERICS.md): worst max |logit error| 2.5e-4
-# (the fp32 bound of 1e-3 holds), cosine 1.0, top-10 overlap 1; Llama and Qwen3 agree on every forced
-# token, Gemma 3 loses 1 of 192 (0.9948) on a near-tie, and that prompt's free-running continuation
-# forks there (step 17 of 32). Hence per-prompt greedy agreement 0 and forced agreement 0.98 (5 of 192).
-KV_DTYPE_BOUNDS = {"fp16": {"greedy_agreement": 0.0, "forced_agreement": 0.98}}
+# targets, the golden set of 6 prompts x 32 tokens; docs/NUMERICS.md): worst max |logit error| 1.02e-3
+# (Qwen3, cpu target, whose attention runs in float16; 2.5e-4 on the portable target), cosine 1.0,
+# top-10 overlap 1; Llama and Qwen3 agree on every forced token, Gemma 3 loses 1 of 192 (0.9948) on a
+# near-tie, and that prompt's free-running continuation forks there (step 17 of 32). Hence per-prompt
+# greedy agreement 0, forced agreement 0.98 (5 of 192 lost fails) and max |logit error| 4e-3 (4x).
+KV_DTYPE_BOUNDS = {"fp16": {"greedy_agreement": 0.0, "forced_agreement": 0.98, "max_abs_logit_error": 4e-3}}
+_LOOSER_IS_LARGER = ("max_abs_logit_error", "topk_tie_margin")
 
 
 def golden_thresholds(policy: str, default_model: bool = False, kv_dtype: str = "fp32"):
@@ -305,7 +307,8 @@ def golden_thresholds(policy: str, default_model: bool = False, kv_dtype: str = 
     if default_model and policy in DEFAULT_MODEL_BOUNDS:
         th = replace(th, **DEFAULT_MODEL_BOUNDS[policy])
     for key, bound in KV_DTYPE_BOUNDS.get(kv_dtype, {}).items():
-        th = replace(th, **{key: min(getattr(th, key), bound)})
+        looser = max if key in _LOOSER_IS_LARGER else min
+        th = replace(th, **{key: looser(getattr(th, key), bound)})
     return th
 
 

@@ -174,6 +174,7 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: di
         ring_layers=ring_layers,
         rows=gs.lanes * gs.tokens,
         expert_masks=[] if any(t.name == "expert_mask" for t in gs.outputs) else None,
+        kv_dtype=kv_dtype,
     )
     if stage.first:
         stream = layers.Stream(decoder.embed(g, spec, "input_ids"))         # [L, S, H]
