@@ -139,7 +139,9 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     if kv.ring is not None:
         log(f"KV: {len(kv.ring_layers)} sliding-window layers keep a ring of {kv.ring} rows, "
             f"{spec.num_layers - len(kv.ring_layers)} the context of {profile.context}: "
-            f"{kv.bytes_per_lane / 2**20:.1f} MiB per lane")
+            f"{kv.bytes_per_lane / 2**20:.1f} MiB per lane ({kv.dtype})")
+    elif kv.dtype != "float32":
+        log(f"KV: {kv.dtype} buffers, {kv.bytes_per_lane / 2**20:.1f} MiB per lane")
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
                                 options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats,
                                 kv.layer_lengths, kv.dtype)
