@@ -9,9 +9,10 @@ batch sizes n1 < ... < B):
 
 Bodies take seqlens_k int32 [lanes] (each lane's length after this step, minus one), total_seq_len
 int32 [] (the longest such length; in-place bodies with full-context layers only), and past_key.i /
-past_value.i [lanes, Nkv, C_i, D] in the KV dtype (float32, or float16 with --kv-dtype fp16) per layer (C_i = the context, or a sliding-window layer's
-ring: compiler/kv_layout.py), which they update in place (present_* outputs alias the past_* buffers). The lm_head lives in
-its own small graphs so its (large) weights are prepared once per row count, not once per body.
+past_value.i [lanes, Nkv, C_i, D] per layer in the KV dtype (float32, or float16 with --kv-dtype fp16;
+C_i = the context, or a sliding-window layer's ring: compiler/kv_layout.py), which they update in place
+(present_* outputs alias the past_* buffers). The lm_head lives in its own small graphs so its (large)
+weights are prepared once per row count, not once per body.
 
     input_ids ─ embed ─ layer 0 ─ ... ─ layer n-1 ─ norm ─ (gather last_index) ─ hidden
                         └─ each layer reads/writes its KV buffer at every lane's own position

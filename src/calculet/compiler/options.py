@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calculet.calbin.graphspec import KV_DTYPE_OPTIONS
 from calculet.calbin.manifest import TARGETS
 from calculet.calbin.partition import PARTITIONS
-from calculet.calbin.graphspec import KV_DTYPE_OPTIONS
 from calculet.compiler.kv_layout import kv_dtype_problem
 from calculet.compiler.quantize import WEIGHT_POLICIES, policy_table
 from calculet.errors import RequestError
@@ -44,7 +44,7 @@ class CompileOptions:
     partition: str = ""          # --partition pp|tp|ep (calbin/partition.py); "" on one chip
     kv_memory: int | None = None # KV budget in bytes for choosing (or checking) the context; None: auto
     kv_rings: bool = True        # sliding-window layers keep a ring of window + largest chunk rows (compiler/kv_layout.py)
-    kv_dtype: str = "fp32"       # --kv-dtype: the KV buffers' element type (kv_layout.KV_DTYPE_OPTIONS; which runs where)
+    kv_dtype: str = "fp32"       # --kv-dtype: a KV_DTYPE_OPTIONS name (kv_layout.kv_dtype_problem: which runs where)
 
     @property
     def kv_numpy_dtype(self) -> str:

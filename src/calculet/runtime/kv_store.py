@@ -2,11 +2,10 @@
 the runtime does on them besides running graphs.
 
 Both stores hold, per K and V, one buffer [layers, lanes, kv_heads, context, head_dim] in the layout's
-dtype (float32, or float16 for a calbin compiled with --kv-dtype fp16; portable graphs hand back new K/V in
-that dtype too). A
-body graph binds layer l's rows [first_lane, first_lane + rows) as its past_* input (and, for graphs
-that update the cache in place, as its present_* output): those rows are contiguous, so a binding is
-a view (host) or a pointer into the buffer (GPU), never a copy. Portable graphs hand back the step's
+dtype (float32, or float16 for a calbin compiled with --kv-dtype fp16; portable graphs hand back new
+K/V in that dtype too). A body graph binds layer l's rows [first_lane, first_lane + rows) as its
+past_* input (and, for graphs that update the cache in place, as its present_* output): those rows
+are contiguous, so a binding is a view (host) or a pointer into the buffer (GPU), never a copy. Portable graphs hand back the step's
 new K/V instead ([layers, rows, kv_heads, S, head_dim]); `write_new` stores them, on the host with
 numpy, on the GPU with device-to-device copies, so the KV never makes a round trip through the host.
 
@@ -19,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from calculet.calbin.manifest import KVLayout
-
 
 
 class HostKV:
