@@ -133,3 +133,11 @@ def test_gate_f_passes_fp16_kv_within_its_bounds(tiny_calbin):
     assert not report.failed(), [(c.id, c.message) for c in report.failed()]
     assert report.check("F.forced").evidence["threshold"] == 0.98
     assert report.check("F.max_abs_error").evidence["threshold"] == 4e-3
+
+
+def test_llm_options_pass_kv_dtype_to_the_compile_of_a_source():
+    from calculet.llm import LLMOptions
+
+    assert LLMOptions(kv_dtype="fp16").compile_options().kv_dtype == "fp16"
+    assert LLMOptions().compile_options().kv_dtype == "fp32"
+    assert LLMOptions(provider="openvino", kv_dtype="fp16").compile_options().target == "portable"
