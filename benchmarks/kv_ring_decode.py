@@ -1,6 +1,9 @@
-"""Decode step time with the sliding-window layers on KV rings against full-context buffers (GQA).
+"""Decode step time with the sliding-window layers on KV rings against full-context buffers (GQA),
+and per KV dtype (--kv-dtypes fp32,fp16: GQA reads a float16 cache natively, a ring layer casts its
+step's K/V on write and the whole ring back to float32 on read).
 
     python benchmarks/kv_ring_decode.py [--context 1024,4096] [--lanes 8] [--fill N] [--steps 64] [--rounds 3]
+                                        [--kv-dtypes fp32,fp16] [--builds ring,gqa] [--target cpu]
     python benchmarks/kv_ring_decode.py --source tiny-hf-folder --context 256 --fill 100 --steps 8   # smoke run
 
 Compiles the model (default: the embedded Gemma 3 270M, default weight policy) twice per context,
@@ -19,13 +22,13 @@ import time
 from pathlib import Path
 
 
-def _device(source, path: Path, context: int, lanes: int, rings: bool):
+def _device(source, path: Path, context: int, lanes: int, rings: bool, kv_dtype: str = "fp32", target: str = "cpu"):
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
     from calculet.runtime.device import Device
 
-    compile_calbin(source, path, CompileOptions(lanes=lanes, context=context, golden=False, kv_rings=rings),
-                   log=lambda _m: None)
+    compile_calbin(source, path, CompileOptions(lanes=lanes, context=context, golden=False, kv_rings=rings,
+                                                kv_dtype=kv_dtype, target=target), log=lambda _m: None)
     device = Device()
     device.configure(device.load(path))
     return device
@@ -65,21 +68,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fill", type=int, default=None, help="tokens in every lane before timing (default: context - steps - 1)")
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--kv-dtypes", default="fp32", help="comma-separated --kv-dtype values to compare (fp32, fp16)")
+    p.add_argument("--builds", default="ring,gqa", help="ring (sliding-window layers on rings), gqa (--no-kv-ring)")
+    p.add_argument("--target", default="cpu")
     args = p.parse_args(argv)
-    print("context  build  lane length  ms/step (best of rounds)")
+    builds = [(b == "ring", dt) for b in args.builds.split(",") for dt in args.kv_dtypes.split(",")]
+    print("context  build      lane length  ms/step (best of rounds)")
     with tempfile.TemporaryDirectory() as tmp:
         for context in (int(c) for c in args.context.split(",")):
-            devices = {rings: _device(args.source, Path(tmp) / f"{context}-{rings}.calbin", context, args.lanes, rings)
-                       for rings in (True, False)}
+            devices = {(rings, dt): _device(args.source, Path(tmp) / f"{context}-{rings}-{dt}.calbin", context,
+                                            args.lanes, rings, dt, args.target) for rings, dt in builds}
             fill = args.fill if args.fill is not None else context - args.steps - 1
-            lanes = {rings: _fill(d, fill) for rings, d in devices.items()}
-            best = {True: float("inf"), False: float("inf")}
+            lanes = {key: _fill(d, fill) for key, d in devices.items()}
+            best = {key: float("inf") for key in devices}
             for _ in range(args.rounds):
-                for rings, d in devices.items():
-                    best[rings] = min(best[rings], _time(d, lanes[rings], args.steps))
-            for rings, d in devices.items():
+                for key, d in devices.items():
+                    best[key] = min(best[key], _time(d, lanes[key], args.steps))
+            for (rings, dt), d in devices.items():
                 kv = d.program.manifest.kv
-                print(f"{context:>7}  {'ring' if rings else 'GQA '} fill {fill:>6}  {best[rings] * 1e3:8.2f}   "
+                print(f"{context:>7}  {'ring' if rings else 'GQA '} {dt}  fill {fill:>6}  {best[rings, dt] * 1e3:8.2f}   "
                       f"(KV {kv.bytes_per_lane / 2**20:.2f} MiB per lane, ring {kv.ring})")
                 d.close()
     return 0

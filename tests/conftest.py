@@ -35,19 +35,19 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_calbin(tiny_model_dir, tmp_path_factory):
     """tiny_calbin(arch, lanes=4, context=64, chunks=(4, 16), golden=False, weights="fp32", target="cpu", chips=1,
-    partition="") -> calbin path."""
+    partition="", kv_dtype="fp32") -> calbin path."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
     made = {}
 
     def get(arch: str, lanes: int = 4, context: int = 64, chunks=(4, 16), golden: bool = False, weights: str = "fp32",
-            target: str = "cpu", chips: int = 1, partition: str = ""):
-        key = (arch, lanes, context, tuple(chunks), golden, weights, target, chips, partition)
+            target: str = "cpu", chips: int = 1, partition: str = "", kv_dtype: str = "fp32"):
+        key = (arch, lanes, context, tuple(chunks), golden, weights, target, chips, partition, kv_dtype)
         if key not in made:
             out = tmp_path_factory.mktemp(f"calbin-{arch}") / "model.calbin"
             options = CompileOptions(lanes=lanes, context=context, prefill_chunks=tuple(chunks), golden=golden, weights=weights,
-                                     target=target, chips=chips, partition=partition)
+                                     target=target, chips=chips, partition=partition, kv_dtype=kv_dtype)
             made[key] = compile_calbin(str(tiny_model_dir(arch)), out, options, log=lambda _m: None)
         return made[key]
 

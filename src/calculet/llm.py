@@ -47,6 +47,7 @@ class LLMOptions:
     weights: str | None = None                 # compile: weight policy (default "auto": by the CPU's ISA)
     chips: int | None = None                   # compile: split over this many chips (needs partition)
     partition: str | None = None               # compile: "pp", "tp" or "ep" (calbin/partition.py)
+    kv_dtype: str | None = None                # compile: KV cache dtype, "fp32" (default) or "fp16"
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
     step_token_budget: int = 64                # engine: decode rows + prompt tokens per step while decoding; 0: none
     in_flight: int = 2                         # engine: device jobs in flight, 1 (immediate wait) or 2 (ping/pong)
@@ -65,7 +66,8 @@ class LLMOptions:
         from calculet.runtime.providers import SOURCE_COMPILE
 
         given = {"lanes": self.lanes, "context": self.context, "weights": self.weights,
-                 "prefill_chunks": self.prefill_chunks, "chips": self.chips, "partition": self.partition}
+                 "prefill_chunks": self.prefill_chunks, "chips": self.chips, "partition": self.partition,
+                 "kv_dtype": self.kv_dtype}
         return CompileOptions(**{**SOURCE_COMPILE[self.provider], **{k: v for k, v in given.items() if v is not None}})
 
     def device_config(self):

@@ -73,3 +73,13 @@ def test_compile_without_context_picks_and_says_it(tiny_model_dir, tmp_path):
         compile_calbin(str(tiny_model_dir("llama")), tmp_path / "n.calbin",
                        CompileOptions(lanes=2, context=256, prefill_chunks=(4, 16), golden=False, kv_memory=1024),
                        log=lines.append)
+
+
+def test_fp16_kv_fits_twice_the_positions_in_the_same_budget(gemma):
+    """--kv-dtype fp16: the context choice prices 2 bytes per value, as the buffers hold."""
+    budget = Budget(1 * GiB, "test")
+    fp32 = choose_context(gemma, 8, CHUNKS, budget)
+    fp16 = choose_context(gemma, 8, CHUNKS, budget, dtype="float16")
+    assert fp16.context > fp32.context
+    assert fp16.kv_bytes == kv_layout(gemma, 8, fp16.context, CHUNKS, True, dtype="float16").total_bytes <= budget.bytes
+    assert fp16.kv_bytes == 8 * (3 * fp16.context + 15 * 640) * 2 * 256 * 2

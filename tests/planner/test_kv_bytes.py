@@ -17,12 +17,17 @@ from calculet.runtime.device import Device
 LANES, CONTEXT, CHUNKS = 4, 64, (4, 16)   # the tiny_calbin fixture's profile
 
 
-@pytest.mark.parametrize("arch, ring", [("gemma3", 8 + 16), ("llama", None)])
-def test_manifest_memory_plan_runtime_and_plan_agree_on_kv_bytes(arch, ring, tiny_calbin, tiny_model_dir, capsys):
-    path = tiny_calbin(arch, lanes=LANES, context=CONTEXT, chunks=CHUNKS)
+@pytest.mark.parametrize("arch, ring, kv_dtype", [("gemma3", 8 + 16, "fp32"), ("llama", None, "fp32"),
+                                                  ("gemma3", 8 + 16, "fp16"), ("llama", None, "fp16")])
+def test_manifest_memory_plan_runtime_and_plan_agree_on_kv_bytes(arch, ring, kv_dtype, tiny_calbin, tiny_model_dir,
+                                                                 capsys):
+    """With --kv-dtype fp16 (plan --kv-dtype fp16 likewise) every figure is half the fp32 one."""
+    path = tiny_calbin(arch, lanes=LANES, context=CONTEXT, chunks=CHUNKS, kv_dtype=kv_dtype)
     m = read_manifest(path)
     spec, kv = m.spec, m.kv
-    head_bytes = spec.num_kv_heads * spec.head_dim * 4                         # one position, K or V, fp32
+    size = {"fp32": 4, "fp16": 2}[kv_dtype]
+    assert kv.dtype == m.memory_plan.kv.dtype == {"fp32": "float32", "fp16": "float16"}[kv_dtype]
+    head_bytes = spec.num_kv_heads * spec.head_dim * size                      # one position, K or V
     local = spec.layer_types.count("sliding") if ring else 0
     per_lane = ((spec.num_layers - local) * CONTEXT + local * (ring or 0)) * 2 * head_bytes
     assert kv.ring == ring
@@ -37,15 +42,17 @@ def test_manifest_memory_plan_runtime_and_plan_agree_on_kv_bytes(arch, ring, tin
         assert device.lanes.nbytes == LANES * per_lane
         for i, (k, v) in enumerate(zip(device.lanes.keys, device.lanes.values)):
             assert k.shape == v.shape == kv.layer_shape(i)
+            assert k.dtype == v.dtype == kv.dtype
         assert device.program.max_rewind == (None if ring is None else ring - spec.sliding_window)
     finally:
         device.close()
 
     rc = main(["plan", str(tiny_model_dir(arch)), "--context", str(CONTEXT), "--lanes", str(LANES),
-               "--prefill-chunk", str(max(CHUNKS)), "--device-memory", "1GiB", "--json"])
+               "--prefill-chunk", str(max(CHUNKS)), "--device-memory", "1GiB", "--kv-dtype", kv_dtype, "--json"])
     out, err = capsys.readouterr()
     assert rc == 0, err
     plan = json.loads(out)
+    assert not any("planning assumption" in n for n in plan["assumptions"])   # fp32 and fp16 are built
     assert plan["kv"]["bytes_total"] == plan["budget"]["kv_bytes"] == LANES * per_lane
     assert plan["kv"]["bytes_per_lane_per_chip"] == per_lane
     assert plan["kv"]["ring"] == ring

@@ -393,7 +393,7 @@ def _bad_inputs(tmp: Path) -> list[tuple[list[str], str, str]]:
         ([*ok, "--context", "-5"], "bad_argument", "--context must be at least 1"),
         ([*ok, "--chips", "0"], "bad_argument", "--chips must be at least 1"),
         ([*ok, "--lanes", "many"], "bad_argument", "whole number"),
-        ([*ok, "--kv-dtype", "int3"], "unknown_dtype", "allowed: fp32, fp16, bf16, fp8"),
+        ([*ok, "--kv-dtype", "int3"], "unknown_dtype", "allowed: fp32, fp16, bf16, int8, fp8"),
         ([*ok, "--weights", "q5_k"], "bad_option", "supported: default, fp32, fp16, int8, w8a8, int4, w4a8"),
         ([*ok, "--weights", "bf16"], "bad_option", "supported: default, fp32"),
         ([*ok, "--block-size", "48"], "bad_option", "allowed: 16, 32, 64, 128, 256"),

@@ -86,6 +86,20 @@ def test_host_store_writes_new_rows_to_their_lanes():
     assert not any(a.any() for a in store.buffers)
 
 
+def test_host_store_allocates_the_layouts_kv_dtype():
+    """--kv-dtype fp16: the buffers and a portable graph's new-K/V outputs are float16, half the bytes."""
+    layout = KVLayout("BNSH", "float16", num_layers=2, lanes=3, kv_heads=2, context=8, head_dim=4, in_place=False,
+                      layer_lengths=(8, 4))
+    store = HostKV(layout)
+    assert {a.dtype for a in store.buffers} == {np.dtype(np.float16)} and store.nbytes == layout.total_bytes
+    new_k = store.new_buffer((2, 1, 2, 4, 4))
+    assert new_k.dtype == np.float16
+    new_k[...] = 1.5
+    store.write_new([0], [1], [6], [2], new_k, new_k)                 # positions 6, 7 of lane 1
+    assert store.keys[0][1, :, 6:8].tolist() == [[[1.5] * 4] * 2] * 2
+    assert store.values[1][1, :, 2:4].tolist() == [[[1.5] * 4] * 2] * 2  # ring of 4: positions 6, 7 -> rows 2, 3
+
+
 # --- on a GPU ---------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -95,19 +109,19 @@ def portable(request, tmp_path_factory):
 
     made = {}
 
-    def get(arch: str, weights: str) -> Path:
-        if (arch, weights) not in made:
+    def get(arch: str, weights: str, kv_dtype: str = "fp32") -> Path:
+        if (arch, weights, kv_dtype) not in made:
             folder = os.environ.get("CALCULET_TINY_MODELS")
             if folder:
                 hf = Path(folder) / arch
             else:
                 pytest.importorskip("torch", reason="set CALCULET_TINY_MODELS: this environment cannot build tiny models")
                 hf = request.getfixturevalue("tiny_model_dir")(arch)
-            out = tmp_path_factory.mktemp(f"cuda-{arch}-{weights}") / "model.calbin"
+            out = tmp_path_factory.mktemp(f"cuda-{arch}-{weights}-{kv_dtype}") / "model.calbin"
             options = CompileOptions(lanes=3, context=64, prefill_chunks=(4, 16), golden=False, weights=weights,
-                                     target="portable")
-            made[arch, weights] = compile_calbin(str(hf), out, options, log=lambda _m: None)
-        return made[arch, weights]
+                                     target="portable", kv_dtype=kv_dtype)
+            made[arch, weights, kv_dtype] = compile_calbin(str(hf), out, options, log=lambda _m: None)
+        return made[arch, weights, kv_dtype]
 
     return get
 
@@ -132,11 +146,13 @@ def _greedy(path: Path, provider: str):
 
 
 @needs_gpu
-@pytest.mark.parametrize("arch,weights", [("llama", "fp32"), ("qwen3", "fp32"), ("gemma3", "fp32"),
-                                          ("gemma3", "fp16"), ("llama", "int8")])
-def test_greedy_parity_with_cpu_provider(arch, weights, portable):
-    """The KV lives on the GPU (CudaKV) and the tokens equal the CPU provider's, alone and batched."""
-    path = portable(arch, weights)
+@pytest.mark.parametrize("arch,weights,kv_dtype", [("llama", "fp32", "fp32"), ("qwen3", "fp32", "fp32"),
+                                                   ("gemma3", "fp32", "fp32"), ("gemma3", "fp16", "fp32"),
+                                                   ("llama", "int8", "fp32"), ("gemma3", "fp16", "fp16")])
+def test_greedy_parity_with_cpu_provider(arch, weights, kv_dtype, portable):
+    """The KV lives on the GPU (CudaKV) and the tokens equal the CPU provider's, alone and batched
+    (with --kv-dtype fp16 the GPU buffers and the 2-D copies of new rows are in half precision)."""
+    path = portable(arch, weights, kv_dtype)
     _, cpu_tokens, cpu_logits, cpu_together = _greedy(path, "cpu")
     store, gpu_tokens, gpu_logits, gpu_together = _greedy(path, "cuda")
     assert store == "cuda"

@@ -10,17 +10,19 @@ from calculet.runtime.device import Device
 from calculet.runtime.jobs import DecodeJob, PrefillJob
 
 
-@pytest.mark.parametrize("target", ["cpu", "portable"])
-def test_runtime_allocates_what_the_plan_states(tiny_model_dir, tmp_path, target):
+@pytest.mark.parametrize("target, kv_dtype", [("cpu", "fp32"), ("portable", "fp32"), ("cpu", "fp16"),
+                                              ("portable", "fp16")])
+def test_runtime_allocates_what_the_plan_states(tiny_model_dir, tmp_path, target, kv_dtype):
     """Guards against a plan that describes buffers the runtime never allocates (the old ping/pong
     regions), and against one that forgets the second staging set two jobs in flight need: after
     every graph has run on every lane it can, in both staging slots, the KV arrays, the mapped
-    weights and each graph's IO-binding arrays add up to the plan's numbers exactly."""
+    weights and each graph's IO-binding arrays add up to the plan's numbers exactly. With --kv-dtype
+    fp16 the KV arrays (and a portable graph's new K/V staging) are float16 on both sides."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
     options = CompileOptions(lanes=3, context=32, prefill_chunks=(4, 8), decode_lanes=(1, 2), target=target,
-                             weights="fp32", golden=False)
+                             weights="fp32", golden=False, kv_dtype=kv_dtype)
     path = compile_calbin(str(tiny_model_dir("llama")), tmp_path / "m.calbin", options, log=lambda _m: None)
     d = Device()
     d.configure(d.load(path))
@@ -36,6 +38,7 @@ def test_runtime_allocates_what_the_plan_states(tiny_model_dir, tmp_path, target
                 d.run(DecodeJob(tuple(lanes[:n]), tuple(range(7, 7 + n)), slot=slot), 30)
 
         assert d.lanes.nbytes == plan.kv.total_bytes
+        assert {a.dtype.name for a in d.lanes.buffers} == {plan.kv.dtype} == {options.kv_numpy_dtype}
         assert d.program._weights.nbytes == plan.weights_bytes
         staging = {s.graph: s for s in plan.staging}
         assert set(staging) == {g.name for g in d.program.graphs}

@@ -20,6 +20,7 @@ from calculet.server.config import ServerConfig
     ({"max_body_bytes": 10}, "--max-body-bytes", ">= 1024"),
     ({"drain_timeout_s": -1.0}, "--drain-timeout", "0..3600"),
     ({"job_timeout_s": 0.0}, "--job-timeout", "> 0"),
+    ({"kv_dtype": "fp64"}, "--kv-dtype", "fp32, fp16, bf16, int8"),
 ])
 def test_bad_option_names_flag_and_limit(kwargs, flag, allowed):
     with pytest.raises(RequestError) as exc:

@@ -21,7 +21,9 @@ BODY_KINDS = (PREFILL, DECODE)
 # numpy dtype name -> bytes per element: every dtype a graph tensor, weight or KV buffer may have.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2,
                "int8": 1, "uint8": 1, "bool": 1}
-KV_DTYPES = ("float32", "float16")
+KV_DTYPES = ("float32", "float16")   # the KV buffer dtypes a calbin may hold (compiler/kv_layout.py says why)
+# `--kv-dtype` names (compile, serve, plan) -> numpy dtype names; not every one is built (kv_layout.kv_dtype_problem)
+KV_DTYPE_OPTIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
 
 PAST_PREFIX, PRESENT_PREFIX = "past_", "present_"
 NEW_KV = ("new_keys", "new_values")   # portable bodies: this step's K/V, stored by the runtime

@@ -14,6 +14,8 @@ applied with Gather on the cos/sin tables (rotate-half layout).
 A sliding-window layer compiled with a ring (compiler/kv_layout.py) has R rows of past, position p
 in row p mod R; the runtime stores only real tokens, so before this step row c holds position
 start - 1 - e with e = (start - 1 - c) mod R, valid when e <= start - 1 and j + 1 + e < window.
+
+float16 KV (--kv-dtype fp16): past K/V are cast to float32 after reading, new K/V to float16 at the end.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from onnx import TensorProto, helper
 
 from calculet.compiler.builder import GraphBuilder
 
@@ -37,9 +40,11 @@ class PortableContext:
     context: int
     ring: int | None         # rows of the sliding-window layers' ring buffers (None: they hold the context)
     new_kv: list             # (new_k, new_v) per layer, filled as layers are built
+    kv_dtype: str = "float32"  # past K/V and new_keys/new_values dtype; float16 is cast to float32 after reading
 
 
-def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, context: int, ring: int | None = None) -> PortableContext:
+def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, context: int, ring: int | None = None,
+                  kv_dtype: str = "float32") -> PortableContext:
     s = "/model/positions"
     seq = g.op("Cast", ["seqlens_k"], name=f"{s}/Cast", to=7)                                   # [L] int64
     start = g.op("Add", [seq, g.const(1 - tokens)], name=f"{s}/Start")                           # [L]
@@ -67,7 +72,7 @@ def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, context: int, 
                                     name=f"{s}/{layer_type}/{tag}/Bias"), g.const([1, 2])],
                  name=f"{s}/{layer_type}/{tag}/Expand")
             for tag, m in (("past", past), ("new", new)))
-    return PortableContext(positions, masks, lanes, tokens, context, ring, [])
+    return PortableContext(positions, masks, lanes, tokens, context, ring, [], kv_dtype)
 
 
 def _ring_past(g: GraphBuilder, spec, start3: str, tokens: int, ring: int, s: str) -> str:
@@ -111,7 +116,11 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
     new_v = g.op("Transpose", [g.op("Reshape", [v, g.const([0, 0, nkv, d])], name=f"{scope}/Vheads")],
                  name=f"{scope}/NewV", perm=[0, 2, 1, 3])                                             # [L, Nkv, S, D]
     five = lambda t, nm: g.op("Unsqueeze", [t, g.const([2])], name=f"{scope}/{nm}")  # noqa: E731  [L, Nkv, 1, *, D]
-    past_k, past_v = five(f"past_key.{layer}", "PastK5"), five(f"past_value.{layer}", "PastV5")
+    past_k, past_v = f"past_key.{layer}", f"past_value.{layer}"
+    if ctx.kv_dtype != "float32":   # float16 buffers: the attention math stays float32
+        past_k = g.op("Cast", [past_k], name=f"{scope}/PastKFloat", to=TensorProto.FLOAT)
+        past_v = g.op("Cast", [past_v], name=f"{scope}/PastVFloat", to=TensorProto.FLOAT)
+    past_k, past_v = five(past_k, "PastK5"), five(past_v, "PastV5")
     nk5, nv5 = five(new_k, "NewK5"), five(new_v, "NewV5")
     s_past = g.op("MatMul", [q, g.op("Transpose", [past_k], name=f"{scope}/PastKt", perm=[0, 1, 2, 4, 3])],
                   name=f"{scope}/ScoresPast")                                                         # [L, Nkv, g, S, C]
@@ -136,5 +145,9 @@ def stack_new_kv(g: GraphBuilder, ctx: PortableContext) -> tuple[str, str]:
     for part, index in (("keys", 0), ("values", 1)):
         parts = [g.op("Unsqueeze", [kv[index], g.const([0])], name=f"/model/new_{part}/Unsqueeze{i}")
                  for i, kv in enumerate(ctx.new_kv)]
-        stacked.append(g.op("Concat", parts, name=f"/model/new_{part}/Concat", axis=0))
+        out = g.op("Concat", parts, name=f"/model/new_{part}/Concat", axis=0)
+        if ctx.kv_dtype != "float32":
+            out = g.op("Cast", [out], name=f"/model/new_{part}/Cast",
+                       to=helper.np_dtype_to_tensor_dtype(np.dtype(ctx.kv_dtype)))
+        stacked.append(out)
     return stacked[0], stacked[1]

@@ -12,6 +12,9 @@ buffer has R rows (compiler/kv_layout.py) and holds position p at row p mod R:
     visible     = d < window  and  d <= pos[l, j]                   (the second: never written yet)
     out         = softmax(Q . K_ring^T * scale + bias(visible)) . V_ring
 
+A float16 ring (--kv-dtype fp16) gets K_new/V_new cast to float16 before the write and the ring cast
+back to float32 before the products (the attention math stays float32).
+
 Every query reads the ring after this step's writes, so a query sees its own chunk causally (a
 later token of the chunk sits R - 1 rows "back", outside the window). Writes never reach a row a
 query still reads while R >= window + S - 1 (gate C checks it). Padding tokens of a prefill chunk
@@ -24,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from onnx import TensorProto, helper
 
 from calculet.calbin.graphspec import kv_names
 from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
@@ -41,9 +45,11 @@ class RingContext:
     index: str               # int64 [L, Nkv, S, 3]: (lane, kv head, slot) of every new K/V row
     real: str | None         # bool [1, 1, S, 1]: prefill tokens j <= last_index (None: decode, all real)
     bias: str                # float32 [L, 1, 1, S, R]: 0 where the slot is visible, NEG elsewhere
+    kv_dtype: str = "float32"  # the ring's dtype; float16 (--kv-dtype fp16) is cast on write and on read
 
 
-def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, ring: int, prefill: bool) -> RingContext:
+def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, ring: int, prefill: bool,
+                  kv_dtype: str = "float32") -> RingContext:
     s, nkv = "/model/ring", spec.num_kv_heads
     seq = g.op("Cast", ["seqlens_k"], name=f"{s}/Cast", to=7)                                       # [L] int64
     start = g.op("Unsqueeze", [g.op("Add", [seq, g.const(1 - tokens)], name=f"{s}/Start"), g.const([1])],
@@ -67,7 +73,7 @@ def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, ring: int, pre
                            g.op("LessOrEqual", [back, query], name=f"{s}/Written")], name=f"{s}/Visible")
     bias = g.op("Where", [visible, g.const(0.0, np.float32), g.const(NEG, np.float32)], name=f"{s}/Bias")
     bias = g.op("Unsqueeze", [bias, g.const([1, 2])], name=f"{s}/Bias5")                           # [L, 1, 1, S, R]
-    return RingContext(ring, lanes, tokens, positions, index, real, bias)
+    return RingContext(ring, lanes, tokens, positions, index, real, bias, kv_dtype)
 
 
 def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: tuple[str, str],
@@ -84,12 +90,19 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
     heads = lambda x, nm: g.op("Transpose", [g.op("Reshape", [x, g.const([0, 0, nkv, d])], name=f"{scope}/{nm}Heads")],  # noqa: E731
                                name=f"{scope}/{nm}t", perm=[0, 2, 1, 3])                               # [L, Nkv, S, D]
     new_k, new_v = heads(k, "NewK"), heads(v, "NewV")
+    half = ctx.kv_dtype != "float32"   # a float16 ring: this step's K/V cast on write, the ring on read
+    if half:
+        to = helper.np_dtype_to_tensor_dtype(np.dtype(ctx.kv_dtype))
+        new_k = g.op("Cast", [new_k], name=f"{scope}/NewKCast", to=to)
+        new_v = g.op("Cast", [new_v], name=f"{scope}/NewVCast", to=to)
     rings = []
     for new, past, present, tag in ((new_k, past_k, present_k, "K"), (new_v, past_v, present_v, "V")):
         if ctx.real is not None:   # padding writes back the rows it would overwrite
             old = g.op("GatherND", [past, ctx.index], name=f"{scope}/Old{tag}")                       # [L, Nkv, S, D]
             new = g.op("Where", [ctx.real, new, old], name=f"{scope}/Keep{tag}")
         rings.append(g.op("ScatterND", [past, ctx.index, new], name=f"{scope}/Write{tag}", outputs=[present]))
+    if half:
+        rings = [g.op("Cast", [r], name=f"{scope}/Ring{tag}Float", to=TensorProto.FLOAT) for r, tag in zip(rings, "KV")]
     ring_k = g.op("Unsqueeze", [rings[0], g.const([2])], name=f"{scope}/RingK5")                       # [L, Nkv, 1, R, D]
     ring_v = g.op("Unsqueeze", [rings[1], g.const([2])], name=f"{scope}/RingV5")
     q = g.op("Transpose", [g.op("Reshape", [q, g.const([lanes, tokens, nkv, group, d])], name=f"{scope}/GroupQ")],

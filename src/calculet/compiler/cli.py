@@ -50,6 +50,9 @@ def add_parser(sub) -> None:
     p.add_argument("--no-kv-ring", action="store_true",
                    help="sliding-window layers keep a full-context KV buffer (fused attention) instead of a ring of "
                         "window + largest prefill chunk rows (for A/B runs)")
+    p.add_argument("--kv-dtype", default="fp32", choices=("fp32", "fp16", "bf16", "int8"),
+                   help="KV cache dtype: fp32, or fp16 (half the KV bytes; cpu and portable targets); bf16 and int8 "
+                        "are refused with the reason (see docs/ARCHITECTURE.md)")
     p.set_defaults(func=run)
 
 
@@ -70,6 +73,6 @@ def run(args) -> int:
                              fusions=parse_fusions(args.fuse, args.no_fuse), expert_stats=args.expert_stats,
                              probes=args.probes, quant=parse_quant(args.quant, args.block_size),
                              kv_rings=not args.no_kv_ring, kv_memory=parse_kv_memory(args.kv_memory),
-                             chips=args.chips, partition=args.partition)
+                             chips=args.chips, partition=args.partition, kv_dtype=args.kv_dtype)
     compile_calbin(args.source, args.output, options)
     return 0

@@ -134,14 +134,17 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
             weights.write(folder / "graphs" / WEIGHTS_FILE, bar)
 
     in_place = options.target == "cpu"  # standard ONNX cannot update an input in place
-    kv = kv_layout(spec, profile.lanes, profile.context, profile.prefill_chunks, in_place, options.kv_rings)
+    kv = kv_layout(spec, profile.lanes, profile.context, profile.prefill_chunks, in_place, options.kv_rings,
+                   options.kv_numpy_dtype)
     if kv.ring is not None:
         log(f"KV: {len(kv.ring_layers)} sliding-window layers keep a ring of {kv.ring} rows, "
             f"{spec.num_layers - len(kv.ring_layers)} the context of {profile.context}: "
-            f"{kv.bytes_per_lane / 2**20:.1f} MiB per lane")
+            f"{kv.bytes_per_lane / 2**20:.1f} MiB per lane ({kv.dtype})")
+    elif kv.dtype != "float32":
+        log(f"KV: {kv.dtype} buffers, {kv.bytes_per_lane / 2**20:.1f} MiB per lane")
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
                                 options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats,
-                                kv.layer_lengths)
+                                kv.layer_lengths, kv.dtype)
     builds = None
     if options.chips > 1:  # per-chip graphs, written with their weights after the base manifest exists
         builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile, source, family)
@@ -250,7 +253,7 @@ def _golden(folder: Path, source, spec, tok, profile, options: CompileOptions, l
         return None
     prompts = golden_mod.golden_prompt_ids(source.tokenizer_json, tok.bos_token_id if tok.add_bos_token else None,
                                            spec.vocab_size, spec.sliding_window, profile.context)
-    thresholds = golden_thresholds(_golden_policy(options), default_model=default_model)
+    thresholds = golden_thresholds(_golden_policy(options), default_model=default_model, kv_dtype=options.kv_dtype)
     with _progress(len(prompts), "golden (reference run)", "prompt") as bar:
         golden = golden_mod.make_golden(source, prompts, n_tokens=options.golden_tokens, topk=10,
                                         thresholds=thresholds, progress=bar)
@@ -287,13 +290,31 @@ def _golden_policy(options: CompileOptions) -> str:
 DEFAULT_MODEL_BOUNDS = {"default": {"forced_agreement": 0.95, "logits_cosine": 0.998, "max_abs_logit_error": 1.5}}
 
 
-def golden_thresholds(policy: str, default_model: bool = False):
+# Gate F bounds for a KV cache narrower than fp32, never tighter than the weight policy's own. Measured
+# for --kv-dtype fp16 on the tiny random Llama, Qwen3 and Gemma 3 (fp32 weights, cpu and portable
+# targets, the golden set of 6 prompts x 32 tokens; docs/NUMERICS.md): worst max |logit error| 1.02e-3
+# (Qwen3, cpu target, whose attention runs in float16; 2.5e-4 on the portable target), cosine 1.0,
+# top-10 overlap 1; Llama and Qwen3 agree on every forced token, Gemma 3 loses 1 of 192 (0.9948) on a
+# near-tie, and that prompt's free-running continuation forks there (step 17 of 32). Hence per-prompt
+# greedy agreement 0, forced agreement 0.98 (5 of 192 lost fails) and max |logit error| 4e-3 (4x).
+KV_DTYPE_BOUNDS = {"fp16": {"greedy_agreement": 0.0, "forced_agreement": 0.98, "max_abs_logit_error": 4e-3}}
+# The embedded default model (default policy, 8 lanes, context 1024, KV rings) with fp16 KV measured
+# forced agreement 0.9688 (186/192; fp32 KV 0.979), worst cosine 0.999899, worst max |logit error|
+# 0.439, top-10 overlap 1.0: inside DEFAULT_MODEL_BOUNDS, which therefore stay as they are.
+_LOOSER_IS_LARGER = ("max_abs_logit_error", "topk_tie_margin")
+
+
+def golden_thresholds(policy: str, default_model: bool = False, kv_dtype: str = "fp32"):
     """fp32 graphs must match the reference tightly; quantized ones within the policy's stated bounds
-    (tighter ones where measured on the embedded default model: DEFAULT_MODEL_BOUNDS)."""
-    generic = _generic_thresholds(policy)
+    (tighter ones where measured on the embedded default model: DEFAULT_MODEL_BOUNDS); a narrower KV
+    dtype loosens them to KV_DTYPE_BOUNDS where those are looser."""
+    th = _generic_thresholds(policy)
     if default_model and policy in DEFAULT_MODEL_BOUNDS:
-        return replace(generic, **DEFAULT_MODEL_BOUNDS[policy])
-    return generic
+        th = replace(th, **DEFAULT_MODEL_BOUNDS[policy])
+    for key, bound in KV_DTYPE_BOUNDS.get(kv_dtype, {}).items():
+        looser = max if key in _LOOSER_IS_LARGER else min
+        th = replace(th, **{key: looser(getattr(th, key), bound)})
+    return th
 
 
 def _generic_thresholds(policy: str):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from calculet.compiler.kv_layout import kv_layout
+from calculet.compiler.kv_layout import KV_DTYPE, kv_layout
 from calculet.errors import RequestError
 from calculet.models.base import ModelSpec
 from calculet.units import human_bytes
@@ -62,9 +62,10 @@ def kv_budget(kv_memory: int | None, weights_bytes: int, available: int | None =
 
 
 def choose_context(spec: ModelSpec, lanes: int, chunks: tuple[int, ...], budget: Budget,
-                   asked: int | None = None, rings: bool = True) -> ContextChoice:
-    """`asked`: an explicit --context, checked; None: the trained context, cut to the budget."""
-    kv = lambda c: kv_layout(spec, lanes, c, chunks, True, rings).total_bytes  # noqa: E731
+                   asked: int | None = None, rings: bool = True, dtype: str = KV_DTYPE) -> ContextChoice:
+    """`asked`: an explicit --context, checked; None: the trained context, cut to the budget.
+    `dtype`: the KV buffers' numpy dtype (fp16 KV fits twice the positions of fp32)."""
+    kv = lambda c: kv_layout(spec, lanes, c, chunks, True, rings, dtype).total_bytes  # noqa: E731
     trained = spec.max_position_embeddings
     if asked is not None:
         need = kv(asked)
@@ -122,7 +123,7 @@ def resolve_context(spec: ModelSpec, options, log=print):
     budget = kv_budget(options.kv_memory, weights)
     try:
         choice = choose_context(spec, options.lanes, tuple(options.prefill_chunks), budget, options.context,
-                                options.kv_rings)
+                                options.kv_rings, options.kv_numpy_dtype)
     except RequestError as exc:
         if options.context is None or options.kv_memory is not None:
             raise

@@ -9,9 +9,10 @@ batch sizes n1 < ... < B):
 
 Bodies take seqlens_k int32 [lanes] (each lane's length after this step, minus one), total_seq_len
 int32 [] (the longest such length; in-place bodies with full-context layers only), and past_key.i /
-past_value.i float32 [lanes, Nkv, C_i, D] per layer (C_i = the context, or a sliding-window layer's
-ring: compiler/kv_layout.py), which they update in place (present_* outputs alias the past_* buffers). The lm_head lives in
-its own small graphs so its (large) weights are prepared once per row count, not once per body.
+past_value.i [lanes, Nkv, C_i, D] per layer in the KV dtype (float32, or float16 with --kv-dtype fp16;
+C_i = the context, or a sliding-window layer's ring: compiler/kv_layout.py), which they update in place
+(present_* outputs alias the past_* buffers). The lm_head lives in its own small graphs so its (large)
+weights are prepared once per row count, not once per body.
 
     input_ids ─ embed ─ layer 0 ─ ... ─ layer n-1 ─ norm ─ (gather last_index) ─ hidden
                         └─ each layer reads/writes its KV buffer at every lane's own position
@@ -43,9 +44,11 @@ class Stage:
 
 
 def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, lengths: tuple[int, ...],
-                    in_place: bool = True, expert_stats: bool = False, stage: Stage | None = None) -> GraphSpec:
+                    in_place: bool = True, expert_stats: bool = False, stage: Stage | None = None,
+                    kv_dtype: str = "float32") -> GraphSpec:
     """`lengths`: rows of each layer's KV buffer, for every layer of the model (compiler/kv_layout.py:
-    the context, or a ring); a pipeline `stage` takes only its own layers' buffers."""
+    the context, or a ring); a pipeline `stage` takes only its own layers' buffers. `kv_dtype`: the
+    buffers' dtype (--kv-dtype), also that of a portable body's new_keys/new_values."""
     stage = stage or Stage(tuple(range(spec.num_layers)), True, True)
     context = max(lengths)
     inputs = [
@@ -62,12 +65,12 @@ def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: i
     for i in stage.layers:
         kv_shape = (lanes, spec.num_kv_heads, lengths[i], spec.head_dim)
         pk, pv, nk, nv = kv_names(i)
-        inputs += [TensorSpec(pk, kv_shape, "float32"), TensorSpec(pv, kv_shape, "float32")]
+        inputs += [TensorSpec(pk, kv_shape, kv_dtype), TensorSpec(pv, kv_shape, kv_dtype)]
         if in_place:
-            outputs += [TensorSpec(nk, kv_shape, "float32"), TensorSpec(nv, kv_shape, "float32")]
+            outputs += [TensorSpec(nk, kv_shape, kv_dtype), TensorSpec(nv, kv_shape, kv_dtype)]
     if not in_place:  # portable: this step's K/V come back for the runtime to write
         new_shape = (spec.num_layers, lanes, spec.num_kv_heads, tokens, spec.head_dim)
-        outputs += [TensorSpec("new_keys", new_shape, "float32"), TensorSpec("new_values", new_shape, "float32")]
+        outputs += [TensorSpec("new_keys", new_shape, kv_dtype), TensorSpec("new_values", new_shape, kv_dtype)]
     if expert_stats and spec.moe is not None:  # 1 where a row was routed to an expert, per sparse layer
         outputs.append(TensorSpec("expert_mask", (len(spec.moe.sparse_layers), lanes * tokens, spec.moe.num_experts), "uint8"))
     return GraphSpec(name, kind, lanes, tokens, tuple(inputs), tuple(outputs))
@@ -91,13 +94,16 @@ def _head_signature(spec: ModelSpec, rows: int, topk: int) -> GraphSpec:
 
 def entry_points(spec: ModelSpec, lanes: int, context: int, prefill_chunks: tuple[int, ...],
                  decode_lanes: tuple[int, ...] = (), topk: int = 0, in_place: bool = True,
-                 expert_stats: bool = False, kv_lengths: tuple[int, ...] | None = None) -> list[GraphSpec]:
-    """`kv_lengths`: each layer's KV buffer rows (the KV layout's); None: the context for every layer."""
+                 expert_stats: bool = False, kv_lengths: tuple[int, ...] | None = None,
+                 kv_dtype: str = "float32") -> list[GraphSpec]:
+    """`kv_lengths`: each layer's KV buffer rows (the KV layout's); None: the context for every layer.
+    `kv_dtype`: the KV buffers' numpy dtype name (the KV layout's)."""
     lengths = tuple(kv_lengths) if kv_lengths is not None else (context,) * spec.num_layers
     decode_sizes = sorted(set(decode_lanes) | {lanes})
-    graphs = [_body_signature(spec, f"prefill_{s}", PREFILL, 1, s, lengths, in_place, expert_stats)
+    graphs = [_body_signature(spec, f"prefill_{s}", PREFILL, 1, s, lengths, in_place, expert_stats, kv_dtype=kv_dtype)
               for s in sorted(prefill_chunks)]
-    graphs += [_body_signature(spec, f"decode_{n}", DECODE, n, 1, lengths, in_place, expert_stats) for n in decode_sizes]
+    graphs += [_body_signature(spec, f"decode_{n}", DECODE, n, 1, lengths, in_place, expert_stats, kv_dtype=kv_dtype)
+               for n in decode_sizes]
     graphs += [_head_signature(spec, n, topk) for n in sorted(set(decode_sizes) | {1})]
     return graphs
 
@@ -154,11 +160,12 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: di
     context = max(lengths.values(), default=0)
     ring_layers = frozenset(i for i, n in lengths.items() if n != context)
     ring = min((lengths[i] for i in ring_layers), default=None)
+    kv_dtype = gs.input(kv_names(stage.layers[0])[0]).dtype if stage.layers else "float32"
     portable = ring_ctx = None
     if g.target == "portable":
-        portable = attention_portable.build_context(g, spec, gs.lanes, gs.tokens, context, ring)
+        portable = attention_portable.build_context(g, spec, gs.lanes, gs.tokens, context, ring, kv_dtype)
     elif ring is not None:
-        ring_ctx = attention_ring.build_context(g, spec, gs.lanes, gs.tokens, ring, gs.type == PREFILL)
+        ring_ctx = attention_ring.build_context(g, spec, gs.lanes, gs.tokens, ring, gs.type == PREFILL, kv_dtype)
     ctx = layers.AttentionInputs(
         seqlens_k="seqlens_k",
         total_seq_len="total_seq_len",
@@ -168,6 +175,7 @@ def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: di
         ring_layers=ring_layers,
         rows=gs.lanes * gs.tokens,
         expert_masks=[] if any(t.name == "expert_mask" for t in gs.outputs) else None,
+        kv_dtype=kv_dtype,
     )
     if stage.first:
         stream = layers.Stream(decoder.embed(g, spec, "input_ids"))         # [L, S, H]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calculet.calbin.graphspec import KV_DTYPE_OPTIONS
 from calculet.calbin.manifest import TARGETS
 from calculet.calbin.partition import PARTITIONS
+from calculet.compiler.kv_layout import kv_dtype_problem
 from calculet.compiler.quantize import WEIGHT_POLICIES, policy_table
 from calculet.errors import RequestError
 
@@ -42,6 +44,12 @@ class CompileOptions:
     partition: str = ""          # --partition pp|tp|ep (calbin/partition.py); "" on one chip
     kv_memory: int | None = None # KV budget in bytes for choosing (or checking) the context; None: auto
     kv_rings: bool = True        # sliding-window layers keep a ring of window + largest chunk rows (compiler/kv_layout.py)
+    kv_dtype: str = "fp32"       # --kv-dtype: a KV_DTYPE_OPTIONS name (kv_layout.kv_dtype_problem: which runs where)
+
+    @property
+    def kv_numpy_dtype(self) -> str:
+        """The KV buffers' numpy dtype name, as the manifest's KV layout records it."""
+        return KV_DTYPE_OPTIONS[self.kv_dtype]
 
     def cache_key(self) -> str:
         """Stable across processes (a frozenset's repr order is not)."""
@@ -98,6 +106,12 @@ class CompileOptions:
         if self.chips > 1 and (self.target != "cpu" or self.expert_stats or self.probes):
             raise RequestError("bad_option", "--chips > 1 builds --target cpu calbins without --expert-stats or "
                                              "--probes (the chip graphs update KV in place)")
+        problem = kv_dtype_problem(self.kv_dtype, self.target)
+        if problem:
+            raise RequestError("bad_option", problem)
+        if self.kv_dtype != "fp32" and self.chips > 1:
+            raise RequestError("bad_option", f"--kv-dtype {self.kv_dtype} is built for one chip; --chips {self.chips} "
+                                             "keeps fp32 KV (the partitioned chip graphs declare float32 buffers)")
         unknown = set(self.fusions) - set(FUSIONS)
         if unknown:
             raise RequestError("bad_option", f"unknown fusion {sorted(unknown)}; known: {', '.join(FUSIONS)}")

@@ -78,6 +78,8 @@ def compile_command(source_arg: str | None, options: CompileOptions) -> str:
              "--target", options.target, "--weights", options.weights, "--block-size", str(options.block_size),
              "--decode-lanes", ",".join(map(str, sorted(options.decode_lanes)))]
     argv += [f"--no-fuse={name}" for name in FUSIONS if name not in options.fusions]
+    if options.kv_dtype != "fp32":
+        argv += ["--kv-dtype", options.kv_dtype]
     if not options.golden:
         argv.append("--no-golden")
     if options.probes:

@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context", default=None,
                    help="KV positions per lane (default: the model's max_position_embeddings)")
     p.add_argument("--kv-dtype", default="fp32",
-                   help="KV cache dtype: fp32 (what compile writes); fp16, bf16, fp8 for accelerator planning")
+                   help="KV cache dtype: fp32 or fp16 (as compile --kv-dtype builds them); bf16, int8, fp8 for "
+                        "accelerator planning")
     p.add_argument("--weights", default="default", metavar="POLICY", help="compile's weight policy (default: default)")
     p.add_argument("--block-size", default="32", help="int8/int4 block size (default 32)")
     p.add_argument("--no-fuse", action="append", metavar="NAME",

@@ -13,8 +13,8 @@ Per chip it adds up
   + step I/O   = inputs and outputs (logits) of one decode step and one prefill chunk
 and compares the sum with the device memory less a guard (safety margin). It also searches the
 largest lanes at the requested context and the largest context at the requested lanes that fit.
-Defaults are what compile builds (fp32 KV, activations and logits); `--kv-dtype bf16` and the like
-are planning assumptions for accelerators, and the report says so.
+Defaults are what compile builds (fp32 KV, activations and logits); `--kv-dtype fp16` is built too,
+`--kv-dtype bf16` and the like are planning assumptions for accelerators, and the report says so.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from calculet.compiler.kv_layout import layer_lengths, ring_length
+from calculet.calbin.graphspec import DTYPE_BYTES, KV_DTYPE_OPTIONS
+from calculet.compiler.kv_layout import KV_DTYPE_BUILT, layer_lengths, ring_length
 from calculet.compiler.options import FUSIONS
 from calculet.compiler.quantize import policy_table
 from calculet.compiler.weight_plan import weight_plan
@@ -35,7 +36,9 @@ from calculet.planner.source import PlannedModel
 from calculet.units import MAX_DEVICE_BYTES, MIN_DEVICE_BYTES, human_bytes
 
 COMPILED_DTYPE = "fp32"   # compile's KV cache, activations and logits
-KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+# --kv-dtype -> bytes per value: compile's names (calbin KV_DTYPE_OPTIONS, sized by DTYPE_BYTES), plus fp8
+# for accelerator planning. compile builds KV_DTYPE_BUILT (fp32, fp16); the others are planning assumptions.
+KV_DTYPES = {**{name: DTYPE_BYTES[dtype] for name, dtype in KV_DTYPE_OPTIONS.items()}, "fp8": 1}
 ACT_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2}
 MAX_LANES = 1 << 16
 MAX_CONTEXT = 1 << 24
@@ -54,7 +57,7 @@ class PlanRequest:
     context: int                      # KV positions per lane
     device_memory_bytes: int          # per chip
     chips: int = 1                    # tensor-parallel degree
-    kv_dtype: str = COMPILED_DTYPE    # other than fp32: a planning assumption (compile writes fp32 KV)
+    kv_dtype: str = COMPILED_DTYPE    # compile's --kv-dtype (fp32, fp16); bf16, int8, fp8: planning assumptions
     weights: str = "default"          # compile's weight policy (compiler/quantize.policy_table)
     block_size: int = 32              # int8/int4 block size, as compile --block-size
     activation_dtype: str = COMPILED_DTYPE
@@ -284,8 +287,10 @@ def _assumptions(hp: ModelSpec, sh: Sharding, r: PlanRequest, chunk: int) -> tup
                  f"{', '.join(sorted(r.fusions)) or 'none'} (coarse-head adds int4 and int8 lm_head copies)")
     notes.append("a GGUF source whose blocks sit on an exact grid may get block 16 (twice the scales) "
                  "on those tensors")
-    for what, dtype in (("KV cache", r.kv_dtype), ("activations", r.activation_dtype),
-                        ("logits", r.logits_dtype)):
+    if r.kv_dtype not in KV_DTYPE_BUILT:
+        notes.append(f"KV cache {r.kv_dtype}: a planning assumption for accelerators; compile builds "
+                     f"--kv-dtype {' or '.join(KV_DTYPE_BUILT)}")
+    for what, dtype in (("activations", r.activation_dtype), ("logits", r.logits_dtype)):
         if dtype != COMPILED_DTYPE:
             notes.append(f"{what} {dtype}: a planning assumption for accelerators; compile writes "
                          f"{COMPILED_DTYPE} {what}")

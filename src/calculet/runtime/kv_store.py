@@ -1,10 +1,11 @@
 """Where the KV buffers live: host memory (CPU, OpenVINO) or the GPU (CUDA), and the few operations
 the runtime does on them besides running graphs.
 
-Both stores hold, per K and V, one float32 buffer [layers, lanes, kv_heads, context, head_dim]. A
-body graph binds layer l's rows [first_lane, first_lane + rows) as its past_* input (and, for graphs
-that update the cache in place, as its present_* output): those rows are contiguous, so a binding is
-a view (host) or a pointer into the buffer (GPU), never a copy. Portable graphs hand back the step's
+Both stores hold, per K and V, one buffer [layers, lanes, kv_heads, context, head_dim] in the layout's
+dtype (float32, or float16 for a calbin compiled with --kv-dtype fp16; portable graphs hand back new
+K/V in that dtype too). A body graph binds layer l's rows [first_lane, first_lane + rows) as its
+past_* input (and, for graphs that update the cache in place, as its present_* output): those rows
+are contiguous, so a binding is a view (host) or a pointer into the buffer (GPU), never a copy. Portable graphs hand back the step's
 new K/V instead ([layers, rows, kv_heads, S, head_dim]); `write_new` stores them, on the host with
 numpy, on the GPU with device-to-device copies, so the KV never makes a round trip through the host.
 
@@ -17,8 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from calculet.calbin.manifest import KVLayout
-
-_F32 = 4  # bytes
 
 
 class HostKV:
@@ -35,7 +34,7 @@ class HostKV:
         for length in sorted(set(layout.layer_lengths), reverse=True):
             layers = tuple(i for i, n in enumerate(layout.layer_lengths) if n == length)
             shape = (len(layers), *layout.layer_shape(layers[0]))
-            keys, values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            keys, values = np.zeros(shape, layout.dtype), np.zeros(shape, layout.dtype)
             self.groups.append((layers, keys, values))
             for j, layer in enumerate(layers):
                 self.keys[layer], self.values[layer] = keys[j], values[j]
@@ -62,8 +61,8 @@ class HostKV:
             array[:, lane].fill(0.0)
 
     def new_buffer(self, shape: tuple[int, ...]):
-        """An output buffer for a graph's new K/V, bound with `bind_new`."""
-        return np.zeros(shape, np.float32)
+        """An output buffer for a graph's new K/V (the KV dtype), bound with `bind_new`."""
+        return np.zeros(shape, self.layout.dtype)
 
     def bind_new(self, io, name: str, buffer) -> None:
         import onnxruntime as ort
@@ -93,17 +92,19 @@ class CudaKV:
         import onnxruntime as ort
 
         self.layout, self.device_id, self.cudart = layout, device_id, cudart
+        self.dtype = np.dtype(layout.dtype)
+        self._item = self.dtype.itemsize      # bytes per value
         self._k, self._v = [], []
         for layer in range(layout.num_layers):
             for out in (self._k, self._v):
-                value = ort.OrtValue.ortvalue_from_shape_and_type(list(layout.layer_shape(layer)), np.float32, "cuda",
+                value = ort.OrtValue.ortvalue_from_shape_and_type(list(layout.layer_shape(layer)), self.dtype, "cuda",
                                                                  device_id)
                 cudart.memset(value.data_ptr(), self._layer_bytes(layer))
                 out.append(value)
         cudart.synchronize()
 
     def _lane_bytes(self, layer: int) -> int:
-        return self.layout.kv_heads * self.layout.layer_lengths[layer] * self.layout.head_dim * _F32
+        return self.layout.kv_heads * self.layout.layer_lengths[layer] * self.layout.head_dim * self._item
 
     def _layer_bytes(self, layer: int) -> int:
         return self.layout.lanes * self._lane_bytes(layer)
@@ -123,7 +124,7 @@ class CudaKV:
     def bind(self, io, name: str, part: str, layer: int, first_lane: int, rows: int, output: bool) -> None:
         _, kv_heads, length, head_dim = self.layout.layer_shape(layer)
         ptr = self._ptr(part, layer, first_lane)   # rows [first_lane, first_lane + rows) are contiguous
-        (io.bind_output if output else io.bind_input)(name, "cuda", self.device_id, np.float32,
+        (io.bind_output if output else io.bind_input)(name, "cuda", self.device_id, self.dtype,
                                                       [rows, kv_heads, length, head_dim], ptr)
 
     def clear(self, lane: int) -> None:
@@ -135,7 +136,7 @@ class CudaKV:
     def new_buffer(self, shape: tuple[int, ...]):
         import onnxruntime as ort
 
-        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), np.float32, "cuda", self.device_id)
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), self.dtype, "cuda", self.device_id)
 
     def bind_new(self, io, name: str, buffer) -> None:
         io.bind_ortvalue_output(name, buffer)
@@ -143,9 +144,10 @@ class CudaKV:
     def write_new(self, src_rows, lanes, starts, counts, new_keys, new_values) -> None:
         """As HostKV.write_new, with device-to-device copies: per layer, row and contiguous run of
         positions (a ring wraps at most once per run), the kv_heads blocks of n * head_dim floats are one
-        2-D copy (source pitch S * D, destination pitch length * D)."""
+        2-D copy (source pitch S * D, destination pitch length * D; bytes = values x the KV dtype's size)."""
         layers, rows, kv_heads, steps, head_dim = new_keys.shape()
-        src_row_bytes = kv_heads * steps * head_dim * _F32
+        item = self._item
+        src_row_bytes = kv_heads * steps * head_dim * item
         for part, new in (("key", new_keys), ("value", new_values)):
             base = new.data_ptr()
             for r, lane, start, n in zip(src_rows, lanes, starts, counts):
@@ -156,8 +158,8 @@ class CudaKV:
                     while done < n:  # positions start+done.. up to the end of the buffer, then from row 0
                         slot = (start + done) % length
                         run = min(n - done, length - slot)
-                        self.cudart.copy_2d(self._ptr(part, layer, lane) + slot * head_dim * _F32, length * head_dim * _F32,
-                                            src + done * head_dim * _F32, steps * head_dim * _F32,
-                                            run * head_dim * _F32, kv_heads)
+                        self.cudart.copy_2d(self._ptr(part, layer, lane) + slot * head_dim * item, length * head_dim * item,
+                                            src + done * head_dim * item, steps * head_dim * item,
+                                            run * head_dim * item, kv_heads)
                         done += run
         self.cudart.synchronize()

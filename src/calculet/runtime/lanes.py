@@ -1,7 +1,7 @@
 """KV lanes: the static KV buffers and which batch rows (lanes) are in use.
 
-Per layer a K and a V buffer of shape [lanes, kv_heads, length, head_dim] (float32) live for the
-whole life of the device; graphs read and write them in place. length is the context, or for a
+Per layer a K and a V buffer of shape [lanes, kv_heads, length, head_dim] (in the manifest's KV dtype:
+float32, or float16) live for the whole life of the device; graphs read and write them in place. length is the context, or for a
 sliding-window layer compiled with a ring the ring length (position p lives in row p mod ring).
 A lane is one batch row of the decode graph and owns `length` positions of those buffers. The
 buffers are a `kv_store` store: on the host by default, on the GPU for the CUDA provider.

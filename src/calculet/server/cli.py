@@ -66,6 +66,9 @@ def add_server_arguments(p) -> None:
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="do not keep finished sequences' KV for reuse: every prompt is prefilled in full (default: a "
                         "prompt that starts like a finished one resumes from its lane's KV)")
+    p.add_argument("--kv-dtype", default=ServerConfig.kv_dtype, choices=("fp32", "fp16", "bf16", "int8"),
+                   help="KV cache dtype when a source is compiled at start (as `calculet compile --kv-dtype`; a calbin "
+                        "keeps the one it was compiled with): fp16 halves the KV bytes (default %(default)s)")
     from calculet.runtime.providers import add_provider_arguments
 
     add_provider_arguments(p)
@@ -94,7 +97,7 @@ def server_config(args) -> ServerConfig:
                           drain_timeout_s=args.drain_timeout, job_timeout_s=args.job_timeout, chips=args.chips,
                           partition=args.partition,
                           chip_memory=parse_bytes(args.chip_memory) if args.chip_memory else None,
-                          admin_key=args.admin_key, prefix_cache=args.prefix_cache)
+                          admin_key=args.admin_key, prefix_cache=args.prefix_cache, kv_dtype=args.kv_dtype)
     specs: tuple[ModelSpec, ...] = ()
     if args.models:
         specs = read_models_toml(args.models, config.model_spec())

@@ -38,6 +38,7 @@ class ServerConfig:
     partition: str = ""                    # --partition tp|pp|ep: compile a source for --chips chips; "": one chip
     admin_key: str | None = None           # key of /admin/*; None: the API key; neither: admin is off
     prefix_cache: bool = True              # --no-prefix-cache turns it off
+    kv_dtype: str = "fp32"                 # --kv-dtype for a source compiled at start (a calbin keeps its own)
 
     def __post_init__(self):
         if not 0 <= self.port <= 65535:
@@ -57,6 +58,10 @@ class ServerConfig:
         if self.chat_template is not None:
             from calculet.engine.chat_templates import resolve
             resolve(self.chat_template)  # a bad name or unreadable file fails at start, not at the first chat
+        from calculet.calbin.graphspec import KV_DTYPE_OPTIONS
+        if self.kv_dtype not in KV_DTYPE_OPTIONS:
+            raise RequestError("bad_option", f"--kv-dtype {self.kv_dtype!r} is not known; allowed: "
+                                             f"{', '.join(KV_DTYPE_OPTIONS)}")
         if not 1 <= self.chips <= 64:
             raise RequestError("bad_option", f"--chips must be in 1..64, got {self.chips}")
         if self.chip_memory is not None and self.chip_memory <= 0:
@@ -86,7 +91,7 @@ class ServerConfig:
                 f"max_body_bytes={self.max_body_bytes}, drain_timeout_s={self.drain_timeout_s}, job_timeout_s={self.job_timeout_s}, "
                 f"models={self.models!r}, chips={self.chips}, chip_memory={self.chip_memory}, partition={self.partition!r}, "
                 f"admin_key={'set' if self.admin_key else None}, "
-                f"prefix_cache={self.prefix_cache})")
+                f"prefix_cache={self.prefix_cache}, kv_dtype={self.kv_dtype!r})")
 
     def device_config(self):
         """The runtime's share: provider, its options and threads (validated by DeviceConfig)."""

@@ -71,6 +71,7 @@ def _load(spec, config, placement, metrics) -> LoadedModel:
         compile_options["lanes"] = spec.lanes
     if spec.partition:
         compile_options.update(chips=config.compile_chips(spec), partition=spec.partition)
+    compile_options["kv_dtype"] = config.kv_dtype
     calbin = ensure_calbin(spec.source, CompileOptions(**compile_options), log=log.info)
     program = load_program(calbin)
     manifest = program.manifest
