@@ -31,6 +31,23 @@ def test_window_options_are_checked():
         P.plan_windows(10, 1, 1)
 
 
+@pytest.mark.parametrize("n,window,stride,chunks", [(4096, 1024, 512, 6), (4000, 1024, 512, 6), (2048, 1024, 512, 2),
+                                                    (100, 16, 4, 21)])
+def test_last_stride_windows_are_llama_cpps_protocol(n, window, stride, chunks):
+    """The windows llama-perplexity --ppl-stride scores (tools/perplexity: n_chunk = (N - n_ctx + stride - 1) /
+    stride, positions n_ctx - stride .. n_ctx - 1 of each window): 6 windows on the 4,096-token text."""
+    windows = P.plan_windows_last_stride(n, window, stride)
+    assert len(windows) == chunks
+    scored = [p for w in windows for p in range(w.score_from, w.end)]
+    assert scored == list(range(window - stride, window - stride + chunks * stride))   # contiguous, each once
+    assert all(w.end - w.begin == window and w.end <= n for w in windows)
+
+
+def test_last_stride_needs_two_windows_of_text():
+    with pytest.raises(RequestError, match="at least 2 x window = 2048"):
+        P.plan_windows_last_stride(2000, 1024, 512)
+
+
 torch = pytest.importorskip("torch")
 
 TEXT = ("The lighthouse keeper counted the steps every evening. " * 3 + "def f(x):\n    return x * 2\n"

@@ -66,6 +66,9 @@ def add_parser(sub) -> None:
     ppl.add_argument("--max-tokens", type=int, default=4096, help="score the first N tokens of the text (0: all)")
     ppl.add_argument("--window", type=int, default=None, help="window length in tokens (default: the calbin's context, else 1024)")
     ppl.add_argument("--stride", type=int, default=None, help="tokens between window starts (default: window / 2)")
+    ppl.add_argument("--windows", choices=("every-token", "last-stride"), default="every-token",
+                     help="every-token: each token scored once, in the first window that ends after it; last-stride: "
+                          "llama.cpp's `llama-perplexity --ppl-stride` protocol (only each window's last --stride tokens)")
     ppl.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: all cores)")
     ppl.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON ('-': stdout)")
     ppl.set_defaults(func=run_perplexity)
@@ -181,7 +184,7 @@ def run_perplexity(args) -> int:
         window = args.window or (device.lanes.context if device is not None else 1024)
         stride = args.stride or max(1, window // 2)
         ids = P.text_ids(tokenizer_json, text, bos, args.max_tokens)
-        windows = P.plan_windows(len(ids), window, stride)
+        windows = P.WINDOW_PROTOCOLS[args.windows](len(ids), window, stride)
         scored = sum(w.end - w.score_from for w in windows)
         if device is not None:
             with _progress(scored, f"perplexity {args.calbin}", "tok") as bar:
@@ -195,12 +198,12 @@ def run_perplexity(args) -> int:
     finally:
         if device is not None:
             device.close()
-    doc = {"text": text_name, "tokens": len(ids), "window": window, "stride": stride,
+    doc = {"text": text_name, "tokens": len(ids), "window": window, "stride": stride, "windows": args.windows,
            "results": [r.to_dict() for r in results]}
     if args.json == "-":
         print(json.dumps(doc, indent=1))
         return 0
-    print(f"text: {text_name}, {len(ids)} tokens, window {window}, stride {stride}, {len(windows)} windows")
+    print(f"text: {text_name}, {len(ids)} tokens, window {window}, stride {stride}, {len(windows)} windows ({args.windows})")
     for r in results:
         print(f"  {r.model:60} perplexity {r.perplexity:10.4f}   nll/token {r.nll:.5f}   ({r.tokens_scored} scored)")
     if args.json:

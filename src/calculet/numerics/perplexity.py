@@ -58,6 +58,25 @@ def plan_windows(n_tokens: int, window: int, stride: int) -> list[Window]:
     return out
 
 
+def plan_windows_last_stride(n_tokens: int, window: int, stride: int) -> list[Window]:
+    """llama.cpp's strided protocol (`llama-perplexity --ppl-stride S -c W`): whole windows of `window`
+    tokens starting every `stride` tokens, each scoring only its last `stride` tokens, so every scored
+    token sees at least window - stride tokens of context and the text's first window - stride tokens
+    are never scored. Scoring the same ids both ways makes the two tools' perplexities comparable."""
+    if window < 2:
+        raise RequestError("bad_option", f"--window must be >= 2, got {window}")
+    if not 1 <= stride <= window - 1:
+        raise RequestError("bad_option", f"--stride must be in 1..window - 1 ({window - 1}), got {stride}")
+    if n_tokens < 2 * window:
+        raise RequestError("bad_option", f"--windows last-stride needs a text of at least 2 x window = {2 * window} "
+                                         f"tokens (as llama-perplexity does), got {n_tokens}")
+    count = (n_tokens - window + stride - 1) // stride
+    return [Window(i * stride, i * stride + window - stride, i * stride + window) for i in range(count)]
+
+
+WINDOW_PROTOCOLS = {"every-token": plan_windows, "last-stride": plan_windows_last_stride}
+
+
 @dataclass(frozen=True)
 class Perplexity:
     model: str                 # what was scored
