@@ -206,8 +206,9 @@ def _write_chips(folder: Path, manifest: Manifest, builds, schedules, head_chip,
     from calculet.compiler import partition
 
     parts, stores = [], []
-    planned = partition.planned_chip_weights(manifest.spec, options)   # what `calculet plan --chips` lists
-    for b in builds:
+    blocks = {n: f.block for n, f in manifest.quantization.tensors.items() if f.kind in ("int8", "int4")}
+    for b in builds:   # planned: what `calculet plan --chips` lists, with the blocks the encoder chose for this chip
+        planned = partition.planned_chip_weights(manifest.spec, options, b.blocks if b.blocks is not None else blocks)
         part, store = partition.write_chip(folder, b, b.weights or weights, manifest, _file_table, planned[b.index])
         parts.append(part)
         stores.append(store)

@@ -94,11 +94,18 @@ def chip_specs(spec: ModelSpec, scheme: str, chips: int) -> list[ModelSpec]:
     return [tensor_parallel.narrow_spec(spec, *tensor_parallel.chip_slices(spec, chips, c)) for c in range(chips)]
 
 
-def planned_chip_weights(spec: ModelSpec, options) -> list[list[tuple[str, int]]]:
+def planned_chip_weights(spec: ModelSpec, options, blocks: dict[str, int] | None = None) -> list[list[tuple[str, int]]]:
     """Per chip, the (name, bytes) arrays compile stores in its weights.bin, in order, from the model
     description alone (compiler/weight_plan.py's list and byte formula, placed by `holds`).
-    `calculet plan --chips` sums it; compile checks each chip's store against it."""
+    `calculet plan --chips` sums it; compile checks each chip's store against it, passing `blocks`:
+    the block the encoder chose per quantized tensor (a finer one than the policy's where the values
+    already sit on a GGUF grid, `quantize.quantize_best_block`), which the description alone cannot know."""
     from calculet.compiler.weight_plan import weight_plan
+
+    blocks = blocks or {}
+
+    def stored_arrays(tensors) -> list[tuple[str, int]]:
+        return [x for t in tensors for x in t.stored(blocks.get(t.name) if t.fmt.kind in ("int8", "int4") else None)]
 
     chips = options.chips
     if options.partition == "pp":
@@ -112,9 +119,9 @@ def planned_chip_weights(spec: ModelSpec, options) -> list[list[tuple[str, int]]
     head_chip = chips - 1 if options.partition == "pp" else 0
     out = []
     ep = options.partition == "ep"
-    whole = [x for t in weight_plan(spec, options).tensors for x in t.stored()] if ep else []
+    whole = stored_arrays(weight_plan(spec, options).tensors) if ep else []
     for c, cspec in enumerate(chip_specs(spec, options.partition, chips)):
-        stored = [x for t in weight_plan(cspec, options).tensors for x in t.stored()]
+        stored = stored_arrays(weight_plan(cspec, options).tensors)
         if ep:   # the expert stacks' bytes from the chip's share of the experts; everything else (the router) whole
             stacks = _ep_stacks(spec)
             assert [n for n, _ in stored] == [n for n, _ in whole], "the ep chip spec changed the weight list"
@@ -181,6 +188,7 @@ class ChipBuild:
     kv: KVLayout
     part: dict                       # ChipPart fields but the byte counts
     weights: WeightStore | None = None   # the store its graphs were built against (None: the whole model's)
+    blocks: dict[str, int] | None = None  # its own store's encoder-chosen blocks (None: the whole model's)
 
 
 def build_pp(spec: ModelSpec, logical: list[GraphSpec], weights: WeightStore, rope: dict, options,

@@ -123,8 +123,8 @@ def build_tp(spec: ModelSpec, logical: list[GraphSpec], _weights, _rope, options
         heads, kv, ffn = chip_slices(spec, chips, c)
         nspec = narrow_spec(spec, heads, kv, ffn)
         store = WeightStore()
-        store_weights(nspec, family, _Sliced(source.tensors, spec, heads, kv, ffn), table, store, None,
-                      options.fusions, options.quant)
+        record = store_weights(nspec, family, _Sliced(source.tensors, spec, heads, kv, ffn), table, store, None,
+                               options.fusions, options.quant)
         rope = G.add_rope_tables(nspec, context, store)
         sigs, models = [], []
         for gs in logical:
@@ -140,7 +140,8 @@ def build_tp(spec: ModelSpec, logical: list[GraphSpec], _weights, _rope, options
                              (context,) * spec.num_layers)   # full-context buffers: no KV rings on chips
         builds.append(ChipBuild(c, sigs, models, kv_layout,
                                 dict(layers=tuple(range(spec.num_layers)), heads=heads, kv_heads=kv, ffn=ffn,
-                                     embedding=c == 0, head=c == 0), store))
+                                     embedding=c == 0, head=c == 0), store,
+                                {n: r["block"] for n, r in record.items() if r.get("kind") in ("int8", "int4")}))
     schedules = [tp_schedule(spec, chips, gs.name, gs.lanes, gs.tokens) for gs in logical if gs.type != HEAD]
     return builds, schedules, 0
 
