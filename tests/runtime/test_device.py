@@ -142,6 +142,27 @@ def test_decode_uses_smallest_graph_covering_the_lanes(device):
             device.lanes.free(lane)
 
 
+def test_a_lone_high_lane_decodes_on_the_1_lane_graph(device):
+    """Regression: a request alone on lane 2 (lanes 0-1 busy or kept warm by the prefix cache) ran the
+    4-lane graph over lanes 0-3; served at context 32k that made 1-stream decode 2.6x slower. Now the
+    1-lane graph runs on lane 2's rows, and gives lane 0's logits for the same tokens, bit for bit."""
+    lanes = [device.lanes.allocate() for _ in range(3)]
+    try:
+        for lane in (0, 2):
+            device.run(PrefillJob(lane, (5, 6, 7)), 10)
+        device.run(PrefillJob(1, (9, 9, 9, 9)), 10)
+        on_0 = device.run(DecodeJob((0,), (8,)), 10)
+        on_2 = device.run(DecodeJob((2,), (8,)), 10)
+        assert on_0.timings.graph == on_2.timings.graph == "decode_1" and on_2.timings.computed_tokens == 1
+        assert np.array_equal(on_0.logits, on_2.logits)
+        assert [device.lanes.length(x) for x in lanes] == [4, 4, 4]   # lane 1 untouched, 0 and 2 advanced
+        r = device.run(DecodeJob((1, 2), (3, 4)), 10)                  # lanes 1-2: a window of the 4-lane graph
+        assert r.timings.graph == "decode_4" and [device.lanes.length(x) for x in lanes] == [4, 5, 5]
+    finally:
+        for lane in lanes:
+            device.lanes.free(lane)
+
+
 def test_sampling_head_returns_the_top_k_of_the_logits(device):
     lane = device.lanes.allocate()
     try:

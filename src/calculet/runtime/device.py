@@ -338,17 +338,22 @@ class Device:
             if lanes.length(lane) >= context:
                 raise RequestError("context_overflow", f"lane {lane} is full: {lanes.length(lane)} tokens = the context of {context}")
         t0 = time.perf_counter()
-        graph = self.program.decode_graph_for(max(job_lanes) + 1)
+        # The smallest decode graph whose window of lanes [first, first + graph.lanes) covers the job:
+        # a lone request on lane 5 (lanes 0-4 kept warm by the prefix cache) runs the 1-lane graph on
+        # lane 5's rows, not the 8-lane graph over lanes 0-7 (2.6x the step at context 32k).
+        lo, hi = min(job_lanes), max(job_lanes)
+        graph = self.program.decode_graph_for(hi - lo + 1)
+        first = min(lo, lanes.count - graph.lanes)
         with self._committing():   # the binding (and so the KV buffers) of the current epoch, or none
-            b = self._binding(graph.name, 0, slot)
+            b = self._binding(graph.name, first, slot)
             ids, seqlens = b.inputs["input_ids"], b.inputs["seqlens_k"]
             ids.fill(0)
             # Rows of this graph not in the job still get a write: aim it at their next free position,
             # which the lane's next real step overwrites (free lanes: position 0; a free lane that keeps
             # its KV for the prefix cache: just past what it keeps).
-            for lane in range(graph.lanes):
-                seqlens[lane] = min(lanes.length(lane), context - 1)
-            rows = list(job_lanes)
+            for row in range(graph.lanes):
+                seqlens[row] = min(lanes.length(first + row), context - 1)
+            rows = [lane - first for lane in job_lanes]   # the job's rows of this graph
             ids[rows, 0] = tokens
             if "total_seq_len" in b.inputs:
                 b.inputs["total_seq_len"][...] = int(seqlens.max()) + 1
@@ -356,7 +361,7 @@ class Device:
         b.run()
         with self._committing():
             if not b.in_place:
-                lanes.write_new(rows, rows, [lanes.length(lane) for lane in rows], [1] * len(rows),
+                lanes.write_new(rows, list(job_lanes), [lanes.length(lane) for lane in job_lanes], [1] * len(rows),
                                 b.new_kv["new_keys"], b.new_kv["new_values"])
             self._count_experts(b, rows)
             t2 = time.perf_counter()
