@@ -89,3 +89,25 @@ def test_coarse_head_rescoring_equals_the_int8_head(tiny_model_dir, tmp_path):
     assert a_tokens == b_tokens
     top = np.argsort(-b_logits)[:10]
     assert np.abs(a_logits[top] - b_logits[top]).max() < 1e-4  # exact where it matters
+
+
+def test_several_row_coarse_head_picks_each_rows_candidates_alone(tiny_model_dir, tmp_path):
+    """Guards a batched != alone bug: the several-row coarse head quantized all rows with one scale,
+    so one lane's outlier activations coarsened its neighbours' candidates (on the default model an
+    8-lane step then missed the token the 1-lane step found). Each row is now quantized on its own:
+    a row's candidates and exact values do not depend on what the other rows hold."""
+    import onnxruntime as ort
+
+    on = _compile(tiny_model_dir("qwen3"), tmp_path, FUSIONS, weights="int8")
+    ops = _ops(on, "head_2")
+    assert ops["MatMulIntegerToFloat"] == 1 and "DynamicQuantizeMatMul" not in ops
+    session = ort.InferenceSession(str(on / "graphs" / "head_2.onnx"), providers=["CPUExecutionProvider"])
+    width = session.get_inputs()[0].shape[1]
+    row = np.random.default_rng(9).standard_normal(width).astype(np.float32)
+    calm = np.stack([np.full(width, 0.1, np.float32), row])
+    loud = calm.copy()
+    loud[0, 3] = 500.0   # an outlier channel in the other row, as Gemma's hidden states have
+    a_ids, a_values = session.run(["topk_ids", "topk_values"], {"hidden": calm})
+    b_ids, b_values = session.run(["topk_ids", "topk_values"], {"hidden": loud})
+    assert a_ids[1].tolist() == b_ids[1].tolist()
+    assert np.array_equal(a_values[1], b_values[1])

@@ -224,11 +224,30 @@ def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, st
     return out
 
 
+def _per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scope: str) -> str:
+    """x [R, H] . W [H, V] with x quantized per row (symmetric, uint8 around 128) and W int8 per column.
+
+    Every row gets its own scale, so a row's result never depends on the other rows of the batch
+    (DynamicQuantizeMatMul's one scale per tensor let one lane's outlier activations coarsen its
+    neighbours' candidates: the 8-row head then missed tokens the 1-row head found)."""
+    peak = g.op("ReduceMax", [g.op("Abs", [x], name=f"{scope}/Abs"), g.const([1])], name=f"{scope}/RowMax",
+                keepdims=1)                                                                        # [R, 1]
+    scale = g.op("Div", [g.op("Max", [peak, g.const(1e-30, np.float32)], name=f"{scope}/Floor"),
+                         g.const(127.0, np.float32)], name=f"{scope}/RowScale")                    # [R, 1]
+    codes = g.op("QuantizeLinear", [x, g.op("Reshape", [scale, g.const([rows_n])], name=f"{scope}/Scales"),
+                                    g.const(np.full(rows_n, 128), np.uint8)], name=f"{scope}/QuantizeRows", axis=0)
+    product = g.op("MatMulIntegerToFloat", [codes, g.weight(f"{weight}.weight"), g.const(1.0, np.float32),
+                                            g.weight(f"{weight}.scale"), g.const(128, np.uint8)],
+                   name=f"{scope}/MatMulIntegerToFloat", domain="com.microsoft")                   # [R, V]
+    return g.op("Mul", [product, scale], name=f"{scope}/RowRescale")
+
+
 def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int) -> dict[str, str]:
     """Coarse-then-exact lm_head (the "coarse-head" pass):
 
         coarse = hidden . Wc^T                      [R, V]   R = 1: int4 blocks (half the bytes);
-                                                             R > 1: int8 per-column (a faster GEMM)
+                                                             R > 1: int8 per column, rows quantized
+                                                             one by one (a faster GEMM)
         cand   = TopK(coarse, K)                    [R, K]
         rows   = GatherBlockQuantized(W8, cand)     [R, K, H] exact int8 rows, dequantized
         exact  = rows . hidden                      [R, K]
@@ -241,9 +260,7 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int) -> di
     """
     q = g.weights.quant(head)
     if rows_n > 1 and "lm_head.coarse8.weight" in g.weights:
-        coarse = g.op("DynamicQuantizeMatMul", ["hidden", g.weight("lm_head.coarse8.weight"),
-                                                g.weight("lm_head.coarse8.scale")],
-                      name="/lm_head/coarse/DynamicQuantizeMatMul", domain="com.microsoft")        # [R, V]
+        coarse = _per_row_int8_product(g, "hidden", "lm_head.coarse8", rows_n, "/lm_head/coarse")  # [R, V]
     else:
         coarse = layers.linear(g, "hidden", "lm_head.coarse", "/lm_head/coarse")                  # [R, V]
     _, cand = g.op("TopK", [coarse, g.const([topk])], name="/lm_head/candidates/TopK", n_out=2, axis=-1,
