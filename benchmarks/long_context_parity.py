@@ -1,6 +1,6 @@
 """The default model's greedy tokens against the transformers reference at long prompts (issue 13).
 
-    python benchmarks/long_context_parity.py [--lengths 4095,4096,4097] [--tokens 32] [--rings|--no-rings]
+    python benchmarks/long_context_parity.py [--lengths 4095,4096,4097] [--tokens 32] [--chunk 1024] [--rings|--no-rings]
 
 Compiles the default model (Gemma 3 270M) with the fp32 policy at a context that holds the longest
 prompt plus the generated tokens (the 15 sliding-window layers then keep KV rings of 512 + 128
@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lengths", default="4095,4096,4097", help="prompt lengths in tokens (comma-separated)")
     p.add_argument("--tokens", type=int, default=32, help="greedy tokens compared per prompt")
+    p.add_argument("--chunk", type=int, default=1024,
+                   help="reference prefill chunk in tokens (bounds its attention matrix; same tokens)")
     p.add_argument("--rings", action=argparse.BooleanOptionalAction, default=True,
                    help="sliding-window layers on KV rings (default) or full-context buffers")
     args = p.parse_args(argv)
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 ours = list(local.submit(GenerationRequest(tuple(ids), SamplerConfig(temperature=0.0), args.tokens,
                                                            ignore_eos=True)).result().outputs[0].token_ids)
                 t1 = time.perf_counter()
-                ref = reference_greedy(reference, ids, args.tokens)
+                ref = reference_greedy(reference, ids, args.tokens, prefill_chunk=args.chunk)
                 t2 = time.perf_counter()
                 same = ours == ref
                 failures += not same

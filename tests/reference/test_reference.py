@@ -16,7 +16,7 @@ import tiny_models  # tests/ is on sys.path (tests/conftest.py)
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from calculet.errors import ModelError  # noqa: E402
+from calculet.errors import ModelError, RequestError  # noqa: E402
 from calculet.reference.golden import (  # noqa: E402
     Golden, GoldenEntry, GoldenSource, Thresholds, check_against_golden, make_golden, read_golden, write_golden,
 )
@@ -81,6 +81,17 @@ def test_reference_greedy_equals_generate(arch, models):
     ids, values = reference_topk(model, LONG_PROMPT, 5)
     assert ids[0] == want[0] and len(ids) == 5 and values.dtype == np.float32
     assert list(values) == sorted(values, reverse=True)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("chunk", [5, 8])
+def test_chunked_prefill_gives_the_same_tokens(arch, chunk, models):
+    """A prompt fed `chunk` tokens per forward (gemma3: across its 8-token sliding window) decodes
+    exactly like the same prompt in one forward; long-context parity relies on this."""
+    model = models[arch]
+    assert reference_greedy(model, LONG_PROMPT, 8, prefill_chunk=chunk) == reference_greedy(model, LONG_PROMPT, 8)
+    with pytest.raises(RequestError, match="prefill_chunk must be >= 1"):
+        reference_greedy(model, LONG_PROMPT, 1, prefill_chunk=0)
 
 
 def test_reference_greedy_does_not_stop_at_eos(models):

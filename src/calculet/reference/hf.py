@@ -194,20 +194,37 @@ def reference_last_logits(model, input_ids: list[int]) -> np.ndarray:
         return _forward_last(torch, model, list(input_ids)).float().numpy().copy()
 
 
-def reference_greedy(model, input_ids: list[int], steps: int) -> list[int]:
+def _prefill_last(torch, model, ids: list[int], cache: Any, chunk: int | None) -> Any:
+    """The last position's logits after feeding `ids` into `cache`, `chunk` tokens per forward.
+
+    Chunks keep the eager attention matrix at chunk x context instead of context x context
+    (a 32,768-token prompt in one forward would need 4 heads x 32k x 32k fp32 = 16 GiB per layer);
+    the cache carries the earlier chunks exactly as it carries decode steps."""
+    if chunk is None or len(ids) <= chunk:
+        return _forward_last(torch, model, ids, cache)
+    logits = None
+    for start in range(0, len(ids), chunk):
+        logits = _forward_last(torch, model, ids[start:start + chunk], cache)
+    return logits
+
+
+def reference_greedy(model, input_ids: list[int], steps: int, prefill_chunk: int | None = None) -> list[int]:
     """Exactly `steps` argmax tokens, decoding one token at a time through the model's KV cache.
 
     EOS is an ordinary token here (generation never stops early), so a runtime is compared on the
-    same number of steps whatever the model emits.
+    same number of steps whatever the model emits. `prefill_chunk` feeds a long prompt that many
+    tokens per forward (same result, bounded memory); None feeds it in one forward.
     """
     torch, transformers = _require_torch()
     _check_ids(model, input_ids)
     if steps < 0:
         raise RequestError("reference_bad_steps", f"steps must be >= 0, got {steps}")
+    if prefill_chunk is not None and prefill_chunk < 1:
+        raise RequestError("reference_bad_chunk", f"prefill_chunk must be >= 1 or None, got {prefill_chunk}")
     tokens: list[int] = []
     with torch.inference_mode():
         cache = transformers.DynamicCache(config=model.config)
-        logits = _forward_last(torch, model, list(input_ids), cache)
+        logits = _prefill_last(torch, model, list(input_ids), cache, prefill_chunk)
         for _ in range(steps):
             tokens.append(int(torch.argmax(logits)))
             if len(tokens) < steps:
