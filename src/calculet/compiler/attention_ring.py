@@ -103,13 +103,17 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
         rings.append(g.op("ScatterND", [past, ctx.index, new], name=f"{scope}/Write{tag}", outputs=[present]))
     if half:
         rings = [g.op("Cast", [r], name=f"{scope}/Ring{tag}Float", to=TensorProto.FLOAT) for r, tag in zip(rings, "KV")]
-    ring_k = g.op("Unsqueeze", [rings[0], g.const([2])], name=f"{scope}/RingK5")                       # [L, Nkv, 1, R, D]
-    ring_v = g.op("Unsqueeze", [rings[1], g.const([2])], name=f"{scope}/RingV5")
+    # The g query heads of one KV head go through the products as g*S rows of one matrix, so each
+    # (lane, KV head) reads its ring once per product instead of once per query head.
     q = g.op("Transpose", [g.op("Reshape", [q, g.const([lanes, tokens, nkv, group, d])], name=f"{scope}/GroupQ")],
              name=f"{scope}/Qt", perm=[0, 2, 3, 1, 4])                                                 # [L, Nkv, g, S, D]
-    scores = g.op("FusedMatMul", [q, ring_k], name=f"{scope}/Scores", domain=MS_DOMAIN, transB=1,
-                  alpha=float(spec.attn_scale))                                                        # [L, Nkv, g, S, R]
+    q = g.op("Reshape", [q, g.const([lanes, nkv, group * tokens, d])], name=f"{scope}/QRows")         # [L, Nkv, g*S, D]
+    scores = g.op("FusedMatMul", [q, rings[0]], name=f"{scope}/Scores", domain=MS_DOMAIN, transB=1,
+                  alpha=float(spec.attn_scale))                                                        # [L, Nkv, g*S, R]
+    scores = g.op("Reshape", [scores, g.const([lanes, nkv, group, tokens, ctx.ring])], name=f"{scope}/Scores5")
     probs = g.op("Softmax", [g.op("Add", [scores, ctx.bias], name=f"{scope}/Mask")], name=f"{scope}/Softmax", axis=-1)
-    out = g.op("MatMul", [probs, ring_v], name=f"{scope}/Attn")                                        # [L, Nkv, g, S, D]
+    probs = g.op("Reshape", [probs, g.const([lanes, nkv, group * tokens, ctx.ring])], name=f"{scope}/ProbRows")
+    out = g.op("MatMul", [probs, rings[1]], name=f"{scope}/Attn")                                      # [L, Nkv, g*S, D]
+    out = g.op("Reshape", [out, g.const([lanes, nkv, group, tokens, d])], name=f"{scope}/Attn5")       # [L, Nkv, g, S, D]
     out = g.op("Transpose", [out], name=f"{scope}/Outt", perm=[0, 3, 1, 2, 4])                         # [L, S, Nkv, g, D]
     return g.op("Reshape", [out, g.const([0, 0, n * d])], name=f"{scope}/Merge")
