@@ -132,3 +132,30 @@ def test_placement_every_node_runs_on_openvino(portable, capsys):
     assert main(["inspect", str(portable("llama", "int8")), "--provider", "openvino", "--provider", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "placement on openvino" in out and "falls back to the CPU: nothing" in out and "placement on cpu" in out
+
+
+def test_default_model_portable_int8_parity_with_cpu_provider(tmp_path):
+    """Issue 17's acceptance on the embedded default model (Gemma 3 270M, the portable int8 build
+    OpenVINO serves): the same greedy tokens as the CPU provider on the same calbin, alone and for
+    three prompts decoded together, prompt logits within 1e-3 (measured 5e-5)."""
+    pytest.importorskip("calculet.sources.gguf")
+    out = tmp_path / "default-portable-int8.calbin"
+    path = compile_calbin(None, out, CompileOptions(lanes=3, context=128, prefill_chunks=(16,), golden=False,
+                                                    weights="int8", target="portable"), log=lambda _m: None)
+
+    def run(provider: str):
+        d = Device(DeviceConfig(provider))
+        d.configure(d.load(path))
+        try:
+            tok = TextTokenizer.from_program(d.program)
+            prompts = [tok.encode(t) for t in ("The capital of France is", "def fibonacci(n):", "Once upon a time")]
+            gens = [generate_one(d, tok, p, SamplerConfig(temperature=0.0), 8, ignore_eos=True) for p in prompts]
+            return [g.tokens for g in gens], [g.prompt_logits for g in gens], greedy_together(d, prompts, 8)
+        finally:
+            d.close()
+
+    cpu_tokens, cpu_logits, cpu_together = run("cpu")
+    ov_tokens, ov_logits, ov_together = run("openvino")
+    assert ov_tokens == cpu_tokens and ov_together == cpu_together
+    for a, b in zip(cpu_logits, ov_logits):
+        assert np.isfinite(b).all() and np.abs(a - b).max() < 1e-3
