@@ -74,3 +74,54 @@ def test_chip_kv_bytes_are_its_layers_rows_times_its_kv_heads(tiny_calbin, parti
 def chip_memory_total(m) -> int:
     plan = m.memory_plan
     return plan.weights_bytes + plan.kv.total_bytes + sum(s.total_bytes for s in plan.staging)
+
+
+def test_four_tp_chips_replicate_the_kv_head_ring(tiny_calbin, one_chip_tokens):
+    """4 tp chips on 2 KV heads: each chip holds the ring of the one KV head its query head reads
+    (two chips per KV head, as tp replicates KV heads without rings)."""
+    path = tiny_calbin("gemma3", context=CONTEXT, chips=4, partition="tp")
+    part = read_manifest(path).partition
+    assert [c.kv_heads for c in part.chips] == [(0, 1), (0, 1), (1, 2), (1, 2)]
+    device = open_device(path, chip_configs(4))
+    try:
+        assert all(lanes.layout.kv_heads == 1 and lanes.layout.ring == RING for lanes in device.program.chip_lanes)
+        assert greedy_together(device, _prompts()[1:3], STEPS) == one_chip_tokens[1:3]
+    finally:
+        device.close()
+
+
+def test_ep_blocks_with_ring_layers_give_the_one_chip_tokens(tiny_model_dir, tmp_path, monkeypatch):
+    """No MoE family built here mixes sliding-window and full layers, so the tiny Qwen2-MoE's spec is
+    patched to (sliding, full, sliding) with a window of 8: ep's block (0, 1) then holds a ring and a
+    full buffer, block (2,) a ring only. The 2-chip ep calbin gives the 1-chip ring calbin's tokens."""
+    from dataclasses import replace
+
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions
+    from calculet.models import family_for
+
+    source = tiny_model_dir("qwen2_moe")
+    family = family_for({"model_type": "qwen2_moe"})
+    parse = family.parse_config
+
+    def windowed(config):
+        spec = parse(config)
+        return replace(spec, layer_types=("sliding", "full", "sliding"), sliding_window=WINDOW, rope_sliding=spec.rope_full)
+
+    monkeypatch.setattr(family, "parse_config", windowed)
+    tokens = []
+    for chips, partition in ((1, ""), (2, "ep")):
+        options = CompileOptions(lanes=4, context=CONTEXT, prefill_chunks=(4, 16), golden=False, weights="fp32",
+                                 chips=chips, partition=partition)
+        path = compile_calbin(str(source), tmp_path / f"{chips}.calbin", options, log=lambda _m: None)
+        top = read_manifest(path)
+        assert top.kv.layer_lengths == (RING, CONTEXT, RING)
+        if chips == 2:
+            assert [read_manifest(path / c.folder).kv.layer_lengths for c in top.partition.chips] == [(RING, CONTEXT, RING)] * 2
+        device = open_device(path, chip_configs(chips))
+        try:
+            tokens.append(greedy_together(device, _prompts(), STEPS))
+        finally:
+            device.close()
+    assert len({t for seq in tokens[0] for t in seq}) > 4, "degenerate reference; the test would be weak"
+    assert tokens[1] == tokens[0]
