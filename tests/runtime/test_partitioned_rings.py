@@ -4,7 +4,9 @@ chip's KV bytes are its own layers' context or ring rows times its own KV heads.
 
 The tiny Gemma 3 (tests/tiny_models.py) has layers (sliding, full, sliding), a window of 8 and 2 KV
 heads; with prefill chunks of 4 and 16 its rings hold 8 + 16 = 24 rows, against a context of 128.
-2-chip pp puts layers 0-1 on chip 0 and layer 2 (a ring only) on chip 1; 2-chip tp one KV head per chip.
+2-chip pp puts layers 0-1 on chip 0 and layer 2 (a ring only) on chip 1; 2-chip tp one KV head per chip,
+4-chip tp the replicated one. Also: Program.max_rewind holds on chips, and ep blocks with ring layers
+(on a tiny MoE whose spec is patched to have sliding-window layers: no MoE family here has them).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import pytest
 
 from calculet.calbin.manifest import read_manifest
 from calculet.runtime.chips import chip_configs, open_device
+from calculet.runtime.chunking import plan_chunks
+from calculet.runtime.jobs import DecodeJob, PrefillJob
 from decoding import greedy_together
 
 CONTEXT, WINDOW, RING = 128, 8, 8 + 16
@@ -74,6 +78,38 @@ def test_chip_kv_bytes_are_its_layers_rows_times_its_kv_heads(tiny_calbin, parti
 def chip_memory_total(m) -> int:
     plan = m.memory_plan
     return plan.weights_bytes + plan.kv.total_bytes + sum(s.total_bytes for s in plan.staging)
+
+
+def _feed(device, lane: int, ids: list[int]) -> np.ndarray:
+    """Prefill ids after what the lane holds; the last row of logits."""
+    pos, row = 0, None
+    for n in plan_chunks(len(ids), device.lanes.length(lane), device.program.chunk_sizes, device.lanes.context):
+        row = device.run(PrefillJob(lane, tuple(ids[pos:pos + n])), 30).logits[0]
+        pos += n
+    return row
+
+
+@pytest.mark.parametrize("partition", ["pp", "tp"])
+@pytest.mark.parametrize("extra, same", [(0, True), (3, False)])
+def test_a_lane_cut_back_by_max_rewind_on_chips_continues_like_a_fresh_one(tiny_calbin, partition, extra, same):
+    """Program.max_rewind (ring - window) holds on every chip's rings: after a padded prefill chunk and
+    a decode step the lane sat out, a lane cut back by max_rewind continues like a fresh lane fed the
+    same tokens; cut back 3 further, a ring no longer holds the window and the logits differ."""
+    rng = np.random.default_rng(5)
+    history, suffix = rng.integers(3, 300, size=60).tolist(), rng.integers(3, 300, size=20).tolist()
+    device = open_device(tiny_calbin("gemma3", context=CONTEXT, chips=2, partition=partition), chip_configs(2))
+    try:
+        a, b, c = (device.lanes.allocate() for _ in range(3))
+        _feed(device, a, history[:57])
+        device.run(PrefillJob(a, tuple(history[57:60])), 30)     # 3 tokens on the 4-token graph: 1 padded
+        _feed(device, b, history[:3])
+        device.run(DecodeJob((b,), (5,)), 30)                    # lane a sits out: its next row is written
+        k = device.lanes.length(a) - device.program.max_rewind - extra
+        device.lanes.rewind(a, k)
+        err = float(np.abs(_feed(device, a, suffix) - _feed(device, c, history[:k] + suffix)).max())
+    finally:
+        device.close()
+    assert (err < 1e-4) if same else (err > 1e-3), err
 
 
 def test_four_tp_chips_replicate_the_kv_head_ring(tiny_calbin, one_chip_tokens):

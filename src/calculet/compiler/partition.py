@@ -7,6 +7,9 @@
     tp   compiler/tensor_parallel.py: heads and FFN columns split, partial outputs all-reduced.
     ep   compiler/expert_parallel.py: a MoE model's routed experts split, partial outputs all-reduced.
 
+Every scheme keeps KV rings on the sliding-window layers as a one-chip calbin does; a chip's KV
+layout (its layers, KV heads and buffer lengths) comes from compiler/chip_kv.py, which `plan` reads too.
+
 A chip's weights are exactly the tensors its graphs read: each graph is built against the whole
 model's weight store, then `WeightStore.subset` keeps what the chip's graphs name and `relocate`
 points their external data at the chip's own weights.bin. A tensor two chips need (only a tied,

@@ -16,6 +16,9 @@ Each body graph is cut at the reduce points into segment graphs, one per chip pe
                      partial_out = down_c(act(gate_c(m)) * up_c(m)), m = norm(x)          ─ all_reduce ─▶ branch_in
     final            chip 0: x = residual_in + branch_in -> (gather last_index) -> norm -> hidden [L, H] -> head
 
+Each chip's KV is its KV heads of every layer, a sliding-window layer's as a ring (compiler/chip_kv.py):
+that layer's attn segment runs attention_ring over the chip's own KV heads.
+
 Every chip computes the same residual x from the same reduced sums (replicated, chip-local carry).
 The embedding, final norm and lm_head live on chip 0 (the head chip). One graph per segment was
 chosen over fusing an all-reduce into a graph: ONNX Runtime has no host callback inside a run, so a
