@@ -126,18 +126,23 @@ def test_four_tp_chips_replicate_the_kv_head_ring(tiny_calbin, one_chip_tokens):
         device.close()
 
 
-def test_ep_blocks_with_ring_layers_give_the_one_chip_tokens(tiny_model_dir, tmp_path, monkeypatch):
-    """No MoE family built here mixes sliding-window and full layers, so the tiny Qwen2-MoE's spec is
-    patched to (sliding, full, sliding) with a window of 8: ep's block (0, 1) then holds a ring and a
-    full buffer, block (2,) a ring only. The 2-chip ep calbin gives the 1-chip ring calbin's tokens."""
+@pytest.mark.parametrize("arch, overrides, held", [("qwen2_moe", {}, [(0, 1, 2), (0, 1, 2)]),
+                                                     ("qwen3_moe", {"mlp_only_layers": [0, 2]}, [(0, 1, 2), (0, 1)])])
+def test_ep_blocks_with_ring_layers_give_the_one_chip_tokens(tmp_path, monkeypatch, arch, overrides, held):
+    """No MoE family built here mixes sliding-window and full layers, so a tiny MoE's spec is patched to
+    (sliding, full, sliding) with a window of 8. Qwen2-MoE (layer 0 dense): ep's block (0, 1) holds a
+    ring and a full buffer, block (2,) a ring only. Qwen3-MoE with layer 2 dense: that ring layer runs in
+    chip 0's final graph. The 2-chip ep calbin gives the 1-chip ring calbin's tokens; plan = compile."""
     from dataclasses import replace
 
     from calculet.compiler.compile import compile_calbin
-    from calculet.compiler.options import CompileOptions
+    from calculet.compiler.options import FUSIONS, CompileOptions
     from calculet.models import family_for
+    from calculet.planner.partition import Link, plan_partition
+    from tiny_models import make_tiny_model
 
-    source = tiny_model_dir("qwen2_moe")
-    family = family_for({"model_type": "qwen2_moe"})
+    source = make_tiny_model(arch, tmp_path / "hf", **overrides)
+    family = family_for({"model_type": arch})
     parse = family.parse_config
 
     def windowed(config):
@@ -153,7 +158,12 @@ def test_ep_blocks_with_ring_layers_give_the_one_chip_tokens(tiny_model_dir, tmp
         top = read_manifest(path)
         assert top.kv.layer_lengths == (RING, CONTEXT, RING)
         if chips == 2:
-            assert [read_manifest(path / c.folder).kv.layer_lengths for c in top.partition.chips] == [(RING, CONTEXT, RING)] * 2
+            assert [c.layers for c in top.partition.chips] == held
+            plan = plan_partition(top.spec, "ep", 2, 4, CONTEXT, 16, "fp32", 32, frozenset(FUSIONS), Link(0.0))
+            for chip, part in zip(plan.chips, top.partition.chips):
+                kv = read_manifest(path / part.folder).kv
+                assert kv.layer_lengths == tuple((RING, CONTEXT, RING)[i] for i in part.layers)
+                assert chip.kv_bytes == kv.total_bytes
         device = open_device(path, chip_configs(chips))
         try:
             tokens.append(greedy_together(device, _prompts(), STEPS))
