@@ -19,15 +19,22 @@ def _status(report, check_id):
 
 @pytest.mark.parametrize("arch, partition, weights", [("qwen3", "pp", "fp32"), ("qwen3", "tp", "fp32"),
                                                       ("qwen2_moe", "ep", "fp32"), ("mixtral", "pp", "fp32"),
-                                                      ("mixtral", "ep", "default"), ("llama", "tp", "default")])
+                                                      ("mixtral", "ep", "default"), ("llama", "tp", "default"),
+                                                      ("gemma3", "pp", "fp32"), ("gemma3", "tp", "default")])
 def test_a_compiled_partition_passes_every_gate(tiny_calbin, arch, partition, weights):
     """MoE cases guard a bug: C.moe_experts read the top manifest's weight table, which a partitioned
     calbin leaves empty (its chips hold the weights), so every partitioned MoE calbin failed gate C.
     Default-policy cases guard another: P.placement looked for lm_head.coarse8 as itself or .qcodes,
-    but it is stored as .weight and .scale, so every default-policy partitioned calbin failed gate P."""
-    report = validate_calbin(tiny_calbin(arch, chips=2, partition=partition, weights=weights), ValidationOptions.fast())
+    but it is stored as .weight and .scale, so every default-policy partitioned calbin failed gate P.
+    Gemma 3 cases: its chips keep KV rings on the sliding-window layers (gate C's ring check on the
+    top manifest, gate D's KV bytes on each chip's shorter buffers)."""
+    path = tiny_calbin(arch, chips=2, partition=partition, weights=weights)
+    report = validate_calbin(path, ValidationOptions.fast())
     failed = [(c.id, c.message) for c in report.checks if c.status is Status.FAIL]
     assert not failed
+    if arch == "gemma3":
+        from calculet.calbin.manifest import read_manifest
+        assert read_manifest(path).kv.ring is not None and _status(report, "C.context").status is Status.PASS
     assert all(_status(report, f"P.{r}").status is Status.PASS for r in ("chips", "placement", "collectives", "memory"))
 
 

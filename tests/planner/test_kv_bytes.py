@@ -15,6 +15,7 @@ from calculet.cli import main
 from calculet.runtime.device import Device
 
 LANES, CONTEXT, CHUNKS = 4, 64, (4, 16)   # the tiny_calbin fixture's profile
+WINDOW = 8                                # the tiny gemma3's sliding window
 
 
 @pytest.mark.parametrize("arch, ring, kv_dtype", [("gemma3", 8 + 16, "fp32"), ("llama", None, "fp32"),
@@ -75,15 +76,26 @@ def test_default_model_kv_per_lane_before_and_after_the_ring():
         assert ring.bytes_per_lane == (3 * context + 15 * 640) * 2 * 256 * 4 == after_mib * 2**20
 
 
-def test_plan_with_chips_prices_full_context_kv_as_compile_chips_builds_it(tiny_calbin, tiny_model_dir, capsys):
-    """Guards the kvring x chips merge: compile --chips 2 keeps full-context buffers on every layer, so
-    plan --chips 2 must not price sliding-window rings (it would under-count the KV)."""
-    compiled = read_manifest(tiny_calbin("gemma3", lanes=LANES, context=CONTEXT, chunks=CHUNKS, chips=2, partition="pp"))
-    rc = main(["plan", str(tiny_model_dir("gemma3")), "--context", str(CONTEXT), "--lanes", str(LANES),
-               "--prefill-chunk", str(max(CHUNKS)), "--device-memory", "1GiB", "--chips", "2", "--json"])
+@pytest.mark.parametrize("partition", ["pp", "tp"])
+def test_plan_with_chips_prices_the_rings_compile_chips_build(tiny_calbin, tiny_model_dir, capsys, partition):
+    """Guards the kvring x chips merge: compile --chips 2 keeps the sliding-window layers' rings, so
+    plan --chips 2 (with and without --partition) prices them too, the total and each chip's share."""
+    path = tiny_calbin("gemma3", lanes=LANES, context=CONTEXT, chunks=CHUNKS, chips=2, partition=partition)
+    compiled = read_manifest(path)
+    argv = ["plan", str(tiny_model_dir("gemma3")), "--context", str(CONTEXT), "--lanes", str(LANES),
+            "--prefill-chunk", str(max(CHUNKS)), "--device-memory", "1GiB", "--chips", "2", "--json"]
+    rc = main(argv)
     out, err = capsys.readouterr()
     assert rc == 0, err
     plan = json.loads(out)
-    assert plan["kv"]["ring"] is None and compiled.kv.ring is None
-    assert plan["kv"]["bytes_total"] == compiled.kv.total_bytes == LANES * 2 * compiled.spec.num_layers * CONTEXT \
+    ring = WINDOW + max(CHUNKS)
+    assert plan["kv"]["ring"] == compiled.kv.ring == ring
+    rows = sum(CONTEXT if t == "full" else ring for t in compiled.spec.layer_types)
+    assert plan["kv"]["bytes_total"] == compiled.kv.total_bytes == LANES * 2 * rows \
         * compiled.spec.num_kv_heads * compiled.spec.head_dim * 4
+    rc = main(argv + ["--partition", partition])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    chips = json.loads(out)["partition"]["chips"]
+    assert [c["kv_bytes"] for c in chips] == [read_manifest(path / c.folder).kv.total_bytes
+                                              for c in compiled.partition.chips]

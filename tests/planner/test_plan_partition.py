@@ -28,6 +28,9 @@ def test_plan_equals_compile_and_runtime(tiny_calbin, arch, weights, scheme):
         m = read_manifest(path / part.folder)
         assert chip.weights_bytes == m.weights.bytes == part.weights_bytes
         assert chip.kv_bytes == m.kv.total_bytes
+        if arch == "gemma3":   # its chips keep the sliding-window layers' rings (window 8 + chunk 16 rows)
+            assert m.kv.ring == 8 + CHUNK and chip.kv_bytes < 2 * len(part.layers) * LANES * chip.kv_heads * CONTEXT \
+                * top.spec.head_dim * 4
         assert chip.experts == part.experts        # ep: the manifest's expert ranges; None otherwise
     device = open_device(path, chip_configs(2))
     try:

@@ -142,23 +142,26 @@ def test_a_fenced_partitioned_device_gets_fresh_chip_kv_and_runs_again(tiny_calb
 
 
 @pytest.mark.parametrize("partition", ["pp", "tp"])
-def test_chips_keep_full_context_kv_where_one_chip_keeps_rings(tiny_calbin, tiny_model_dir, tmp_path, partition):
-    """Guards the kvring x chips merge: partitioned graphs have no ring attention, so --chips > 1 must
-    compile every layer's KV buffer (top and chip manifests) at the full context, and say so."""
+def test_chips_keep_rings_where_one_chip_does_and_no_kv_ring_turns_them_off(tiny_calbin, tiny_model_dir, tmp_path, partition):
+    """Guards the kvring x chips merge, now the other way: --chips > 1 keeps the sliding-window layers'
+    rings in the top and chip manifests (no silent downgrade to full-context KV), and --no-kv-ring still
+    gives every layer the context on every chip."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
     one = read_manifest(tiny_calbin("gemma3"))
-    assert one.kv.ring is not None, "the 1-chip gemma3 build has no ring; the parity test above would not cover rings"
-    logs: list[str] = []
-    path = compile_calbin(str(tiny_model_dir("gemma3")), tmp_path / "m.calbin",
-                          CompileOptions(lanes=4, context=64, prefill_chunks=(4, 16), golden=False, weights="fp32",
-                                         chips=2, partition=partition), log=logs.append)
-    top = read_manifest(path)
-    assert top.kv.layer_lengths == (64,) * top.spec.num_layers and top.kv.ring is None
+    assert one.kv.ring is not None, "the 1-chip gemma3 build has no ring; the ring tests would not cover rings"
+    top = read_manifest(tiny_calbin("gemma3", chips=2, partition=partition))
+    assert top.kv.layer_lengths == one.kv.layer_lengths
     for chip in top.partition.chips:
-        sub = read_manifest(path / chip.folder)
-        assert sub.kv.layer_lengths == (64,) * len(chip.layers)
+        sub = read_manifest(tiny_calbin("gemma3", chips=2, partition=partition) / chip.folder)
+        assert sub.kv.layer_lengths == tuple(one.kv.layer_lengths[i] for i in chip.layers)
         assert sub.memory_plan.kv.total_bytes == sub.kv.total_bytes
         assert sub.isa == top.isa and top.isa is not None   # chips record the compiling CPU too
-    assert any("full-context KV" in line for line in logs), logs
+    path = compile_calbin(str(tiny_model_dir("gemma3")), tmp_path / "m.calbin",
+                          CompileOptions(lanes=4, context=64, prefill_chunks=(4, 16), golden=False, weights="fp32",
+                                         chips=2, partition=partition, kv_rings=False), log=lambda _m: None)
+    full = read_manifest(path)
+    assert full.kv.layer_lengths == (64,) * full.spec.num_layers and full.kv.ring is None
+    for chip in full.partition.chips:
+        assert read_manifest(path / chip.folder).kv.layer_lengths == (64,) * len(chip.layers)

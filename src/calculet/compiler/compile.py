@@ -87,11 +87,6 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     if options.target == "cpu" and uses_slow_8bit(options):
         log(f"warning: this build uses {SLOW_8BIT}. It is a numerics reference (weight-only error without activation "
             "quantization), not for serving: use --weights default (the same int8 weights, int8 compute)")
-    if options.chips > 1 and options.kv_rings and "sliding" in spec.layer_types:
-        # Partitioned graphs (pp stages, tp segments) keep full-context KV buffers: rings are one-chip only.
-        options = replace(options, kv_rings=False)
-        log(f"KV: --chips {options.chips} keeps full-context KV buffers for the sliding-window layers too "
-            "(KV rings are built for one chip only)")
     options = resolve_context(spec, options, log)   # the trained context within the KV budget, unless asked
     profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
                       tuple(sorted(set(options.decode_lanes) | {options.lanes})))

@@ -34,9 +34,9 @@ from dataclasses import replace
 import numpy as np
 
 from calculet.calbin.graphspec import HEAD, PREFILL, GraphSpec, TensorSpec, kv_names
-from calculet.calbin.manifest import KVLayout
 from calculet.calbin.partition import Collective, Schedule, Segment
-from calculet.compiler import decoder, graphs as G, layers, moe
+from calculet.compiler import chip_kv, decoder, graphs as G, layers, moe
+from calculet.compiler.kv_layout import layer_lengths
 from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.partition import ChipBuild
 from calculet.errors import RequestError
@@ -119,6 +119,7 @@ def build_ep(spec: ModelSpec, logical: list[GraphSpec], weights, rope, options, 
     """(chip builds, one schedule per body graph, head chip 0)."""
     chips = options.chips
     check_ep(spec, chips)
+    lengths = layer_lengths(spec, context, tuple(options.prefill_chunks), options.kv_rings)
     builds = []
     for c in range(chips):
         experts = chip_experts(spec, chips, c)
@@ -130,12 +131,12 @@ def build_ep(spec: ModelSpec, logical: list[GraphSpec], weights, rope, options, 
                     sigs.append(gs)
                     models.append(G.build_graph(spec, gs, store, rope, options.target, options.fusions))
                 continue
-            for sig, model in _segments(spec, gs, store, rope, options, context, c, experts):
+            for sig, model in _segments(spec, gs, store, rope, options, lengths, context, c, experts):
                 sigs.append(sig)
                 models.append(model)
         held = chip_layers(spec, c)
-        kv = KVLayout("BNSH", "float32", len(held), lanes, spec.num_kv_heads, context, spec.head_dim, True,
-                      (context,) * len(held))   # full-context buffers: no KV rings on chips
+        kv = chip_kv.chip_kv_layout(spec, "ep", chips, c, lanes, context, tuple(options.prefill_chunks),
+                                    options.kv_rings)   # attention replicated; rings on the sliding-window layers
         builds.append(ChipBuild(c, sigs, models, kv,
                                 dict(layers=held, heads=(0, spec.num_heads),
                                      kv_heads=(0, spec.num_kv_heads), ffn=(0, spec.intermediate_size),
@@ -158,15 +159,16 @@ def _layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.Attent
     return layers.Stream(stream.x, layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp"))
 
 
-def _segments(spec: ModelSpec, gs: GraphSpec, store, rope, options, context: int, chip: int, experts):
-    """(signature, model) of every segment graph chip `chip` runs for body graph `gs`."""
+def _segments(spec: ModelSpec, gs: GraphSpec, store, rope, options, lengths: tuple[int, ...], context: int, chip: int,
+              experts):
+    """(signature, model) of every segment graph chip `chip` runs for body graph `gs`. `lengths`: every
+    layer's KV rows (the context, or a sliding-window layer's ring)."""
     L, S, H = gs.lanes, gs.tokens, spec.hidden_size
     x3 = lambda name: TensorSpec(name, (L, S, H), "float32")  # noqa: E731
-    kv_shape = (L, spec.num_kv_heads, context, spec.head_dim)
-    host = [TensorSpec("seqlens_k", (L,), "int32"), TensorSpec("total_seq_len", (), "int32")]
 
     def kv(block, past: bool):
-        return [TensorSpec(n, kv_shape, "float32") for i in block for n in kv_names(i)[(0 if past else 2):(2 if past else 4)]]
+        return [TensorSpec(n, (L, spec.num_kv_heads, lengths[i], spec.head_dim), "float32")
+                for i in block for n in kv_names(i)[(0 if past else 2):(2 if past else 4)]]
 
     def graph(part, inputs, outputs, body):
         sig = GraphSpec(f"{gs.name}.{part}", gs.type, L, S, tuple(inputs), tuple(outputs))
@@ -179,8 +181,7 @@ def _segments(spec: ModelSpec, gs: GraphSpec, store, rope, options, context: int
         return sig, g.build()
 
     def run(g, block, stream):
-        ctx = layers.AttentionInputs("seqlens_k", "total_seq_len", {k: (g.weight(c), g.weight(s)) for k, (c, s) in rope.items()},
-                                     rows=L * S)
+        ctx = chip_kv.attention_inputs(g, spec, gs, rope, block, lengths, context)
         for i in block:
             stream = _layer(g, spec, i, stream, ctx, experts, chip)
         return stream
@@ -194,7 +195,8 @@ def _segments(spec: ModelSpec, gs: GraphSpec, store, rope, options, context: int
             stream = run(g, block, layers.Stream("residual_in", "branch_in" if k else None))
             return {"partial_out": stream.pending, "residual_out": stream.x}
 
-        yield graph(block_name(block), [x3("residual_in")] + ([x3("branch_in")] if k else []) + host + kv(block, True),
+        yield graph(block_name(block), [x3("residual_in")] + ([x3("branch_in")] if k else [])
+                    + chip_kv.host_inputs(gs, block, lengths, context) + kv(block, True),
                     [x3("partial_out"), x3("residual_out")] + kv(block, False), body)
     if chip == 0:
         def final(g):
@@ -205,7 +207,8 @@ def _segments(spec: ModelSpec, gs: GraphSpec, store, rope, options, context: int
             x, _ = layers.add_norm(g, stream, "model.norm.weight", spec.rms_norm_eps, "/model/norm")
             return {"hidden": g.op("Reshape", [x, g.const([L, H])], name="/model/flatten/Reshape")}
 
-        inputs = [x3("residual_in"), x3("branch_in")] + (host + kv(tail, True) if tail else [])
-        if gs.type == PREFILL:
-            inputs.append(TensorSpec("last_index", (1,), "int64"))
+        prefill = gs.type == PREFILL
+        inputs = [x3("residual_in"), x3("branch_in")] + (
+            chip_kv.host_inputs(gs, tail, lengths, context, last_index=prefill) + kv(tail, True) if tail
+            else [TensorSpec("last_index", (1,), "int64")] if prefill else [])
         yield graph("final", inputs, [TensorSpec("hidden", (L, H), "float32")] + kv(tail, False), final)

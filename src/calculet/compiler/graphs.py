@@ -37,10 +37,13 @@ from calculet.models.base import ModelSpec, lm_head_name
 class Stage:
     """A pipeline stage's share of a body graph (`--partition pp`): its layers, and whether it embeds
     the tokens (the first stage) and ends with the final norm (the last stage). Other stages take
-    `hidden_in [L, S, H]` and give `hidden_out [L, S, H]`, the residual stream after their last layer."""
+    `hidden_in [L, S, H]` and give `hidden_out [L, S, H]`, the residual stream after their last layer.
+    `context`: the full-attention layers' KV rows, so a stage of sliding-window layers only still tells
+    its rings from full buffers (0: the longest buffer of its layers)."""
     layers: tuple[int, ...]
     first: bool
     last: bool
+    context: int = 0
 
 
 def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: int, lengths: tuple[int, ...],
@@ -56,9 +59,10 @@ def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: i
         else TensorSpec("hidden_in", (lanes, tokens, spec.hidden_size), "float32"),
         TensorSpec("seqlens_k", (lanes,), "int32"),
     ]
-    if in_place and context in lengths:  # GroupQueryAttention (full-context buffers) reads it; nothing else does
+    if in_place and any(lengths[i] == context for i in stage.layers):  # GroupQueryAttention (full-context buffers) reads it
         inputs.append(TensorSpec("total_seq_len", (), "int32"))
-    if kind == PREFILL and stage.last:
+    ring = in_place and any(lengths[i] != context for i in stage.layers)
+    if kind == PREFILL and (stage.last or ring):  # a ring's padding rows write back what they held (attention_ring)
         inputs.append(TensorSpec("last_index", (1,), "int64"))
     outputs = [TensorSpec("hidden", (lanes, spec.hidden_size), "float32") if stage.last
                else TensorSpec("hidden_out", (lanes, tokens, spec.hidden_size), "float32")]
@@ -77,10 +81,11 @@ def _body_signature(spec: ModelSpec, name: str, kind: str, lanes: int, tokens: i
 
 
 def stage_signature(spec: ModelSpec, logical: GraphSpec, lengths: tuple[int, ...], stage: Stage) -> GraphSpec:
-    """A pipeline stage's version of the logical body graph `logical` (same name, kind and shape).
-    Stages hold full-context KV buffers only (compile turns KV rings off for --chips > 1)."""
-    if len(set(lengths)) != 1:
-        raise ValueError(f"pipeline stages need full-context KV buffers for every layer, got lengths {sorted(set(lengths))}")
+    """A pipeline stage's version of the logical body graph `logical` (same name, kind and shape), with
+    its layers' KV buffers at `lengths` (every layer's rows: the context, or a ring)."""
+    if len(lengths) != spec.num_layers or stage.context not in (0, max(lengths)):
+        raise ValueError(f"a stage signature needs one KV length per layer ({spec.num_layers}) whose longest is the "
+                         f"stage's context {stage.context}; got {list(lengths)}")
     return _body_signature(spec, logical.name, logical.type, logical.lanes, logical.tokens, lengths, True, False, stage)
 
 
@@ -157,7 +162,7 @@ def probe_outputs(model: ModelProto) -> tuple[TensorSpec, ...]:
 
 def _build_body(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec, rope_tables: dict, stage: Stage) -> dict:
     lengths = {i: gs.input(kv_names(i)[0]).shape[2] for i in stage.layers}
-    context = max(lengths.values(), default=0)
+    context = stage.context or max(lengths.values(), default=0)
     ring_layers = frozenset(i for i, n in lengths.items() if n != context)
     ring = min((lengths[i] for i in ring_layers), default=None)
     kv_dtype = gs.input(kv_names(stage.layers[0])[0]).dtype if stage.layers else "float32"

@@ -7,6 +7,9 @@
     tp   compiler/tensor_parallel.py: heads and FFN columns split, partial outputs all-reduced.
     ep   compiler/expert_parallel.py: a MoE model's routed experts split, partial outputs all-reduced.
 
+Every scheme keeps KV rings on the sliding-window layers as a one-chip calbin does; a chip's KV
+layout (its layers, KV heads and buffer lengths) comes from compiler/chip_kv.py, which `plan` reads too.
+
 A chip's weights are exactly the tensors its graphs read: each graph is built against the whole
 model's weight store, then `WeightStore.subset` keeps what the chip's graphs name and `relocate`
 points their external data at the chip's own weights.bin. A tensor two chips need (only a tied,
@@ -194,11 +197,16 @@ class ChipBuild:
 def build_pp(spec: ModelSpec, logical: list[GraphSpec], weights: WeightStore, rope: dict, options,
              context: int, lanes: int) -> tuple[list[ChipBuild], list[Schedule], int]:
     """Pipeline stages: (chip builds, one schedule per body graph, head chip)."""
+    from calculet.compiler.chip_kv import chip_kv_layout
+    from calculet.compiler.kv_layout import layer_lengths
+
     ranges = pp_layer_ranges(spec.num_layers, options.chips)
     last = options.chips - 1
+    chunks = tuple(options.prefill_chunks)
+    lengths = layer_lengths(spec, context, chunks, options.kv_rings)   # rings on the sliding-window layers
     builds = []
     for c, layers in enumerate(ranges):
-        stage = G.Stage(layers, first=c == 0, last=c == last)
+        stage = G.Stage(layers, first=c == 0, last=c == last, context=context)
         sigs, models = [], []
         for gs in logical:
             if gs.type == HEAD:
@@ -207,12 +215,11 @@ def build_pp(spec: ModelSpec, logical: list[GraphSpec], weights: WeightStore, ro
                 sig = gs
                 model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions)
             else:
-                sig = G.stage_signature(spec, gs, (context,) * spec.num_layers, stage)
+                sig = G.stage_signature(spec, gs, lengths, stage)
                 model = G.build_graph(spec, sig, weights, rope, options.target, options.fusions, stage=stage)
             sigs.append(sig)
             models.append(model)
-        kv = KVLayout("BNSH", "float32", len(layers), lanes, spec.num_kv_heads, context, spec.head_dim, True,
-                      (context,) * len(layers))   # full-context buffers: no KV rings on chips
+        kv = chip_kv_layout(spec, "pp", options.chips, c, lanes, context, chunks, options.kv_rings)
         builds.append(ChipBuild(c, sigs, models, kv, dict(layers=layers, heads=(0, spec.num_heads),
                                                           kv_heads=(0, spec.num_kv_heads),
                                                           ffn=(0, spec.intermediate_size),

@@ -16,6 +16,9 @@ Each body graph is cut at the reduce points into segment graphs, one per chip pe
                      partial_out = down_c(act(gate_c(m)) * up_c(m)), m = norm(x)          ─ all_reduce ─▶ branch_in
     final            chip 0: x = residual_in + branch_in -> (gather last_index) -> norm -> hidden [L, H] -> head
 
+Each chip's KV is its KV heads of every layer, a sliding-window layer's as a ring (compiler/chip_kv.py):
+that layer's attn segment runs attention_ring over the chip's own KV heads.
+
 Every chip computes the same residual x from the same reduced sums (replicated, chip-local carry).
 The embedding, final norm and lm_head live on chip 0 (the head chip). One graph per segment was
 chosen over fusing an all-reduce into a graph: ONNX Runtime has no host callback inside a run, so a
@@ -29,10 +32,10 @@ from dataclasses import replace
 import numpy as np
 
 from calculet.calbin.graphspec import HEAD, PREFILL, GraphSpec, TensorSpec, kv_names
-from calculet.calbin.manifest import KVLayout
 from calculet.calbin.partition import Collective, Schedule, Segment
-from calculet.compiler import decoder, graphs as G, layers
+from calculet.compiler import chip_kv, decoder, graphs as G, layers
 from calculet.compiler.builder import GraphBuilder
+from calculet.compiler.kv_layout import layer_lengths
 from calculet.compiler.partition import ChipBuild
 from calculet.compiler.quantize import policy_table, store_weights
 from calculet.compiler.weights import WeightStore
@@ -118,6 +121,7 @@ def build_tp(spec: ModelSpec, logical: list[GraphSpec], _weights, _rope, options
     chips = options.chips
     check_tp(spec, chips)
     table = policy_table(options.weights, options.block_size)
+    lengths = layer_lengths(spec, context, tuple(options.prefill_chunks), options.kv_rings)
     builds = []
     for c in range(chips):
         heads, kv, ffn = chip_slices(spec, chips, c)
@@ -133,11 +137,11 @@ def build_tp(spec: ModelSpec, logical: list[GraphSpec], _weights, _rope, options
                     sigs.append(gs)
                     models.append(G.build_graph(nspec, gs, store, rope, options.target, options.fusions))
                 continue
-            for sig, model in _segments(nspec, spec, gs, store, rope, options, context, c):
+            for sig, model in _segments(nspec, spec, gs, store, rope, options, lengths, context, c):
                 sigs.append(sig)
                 models.append(model)
-        kv_layout = KVLayout("BNSH", "float32", spec.num_layers, lanes, nspec.num_kv_heads, context, spec.head_dim, True,
-                             (context,) * spec.num_layers)   # full-context buffers: no KV rings on chips
+        kv_layout = chip_kv.chip_kv_layout(spec, "tp", chips, c, lanes, context, tuple(options.prefill_chunks),
+                                           options.kv_rings)   # its KV heads; rings on the sliding-window layers
         builds.append(ChipBuild(c, sigs, models, kv_layout,
                                 dict(layers=tuple(range(spec.num_layers)), heads=heads, kv_heads=kv, ffn=ffn,
                                      embedding=c == 0, head=c == 0), store,
@@ -173,21 +177,13 @@ def tp_schedule(spec: ModelSpec, chips: int, graph: str, lanes: int, tokens: int
     return Schedule(graph, tuple(segments), tuple(collectives))
 
 
-def _host_inputs(gs: GraphSpec, attention: bool, last_index: bool = False) -> list[TensorSpec]:
-    out = []
-    if attention:
-        out += [TensorSpec("seqlens_k", (gs.lanes,), "int32"), TensorSpec("total_seq_len", (), "int32")]
-    if last_index:
-        out.append(TensorSpec("last_index", (1,), "int64"))
-    return out
-
-
-def _segments(nspec: ModelSpec, spec: ModelSpec, gs: GraphSpec, store, rope, options, context: int, chip: int):
-    """(signature, model) of every segment graph chip `chip` runs for body graph `gs`."""
+def _segments(nspec: ModelSpec, spec: ModelSpec, gs: GraphSpec, store, rope, options, lengths: tuple[int, ...],
+              context: int, chip: int):
+    """(signature, model) of every segment graph chip `chip` runs for body graph `gs`. `lengths`: every
+    layer's KV rows (the context, or a sliding-window layer's ring)."""
     L, S, H = gs.lanes, gs.tokens, spec.hidden_size
     x3 = lambda name: TensorSpec(name, (L, S, H), "float32")  # noqa: E731
     post_attn, pre_mlp, post_mlp, act = _LAYER[spec.family]
-    kv_shape = (L, nspec.num_kv_heads, context, spec.head_dim)
 
     def graph(part, inputs, outputs, body):
         sig = GraphSpec(_name(gs, part), gs.type, L, S, tuple(inputs), tuple(outputs))
@@ -208,12 +204,12 @@ def _segments(nspec: ModelSpec, spec: ModelSpec, gs: GraphSpec, store, rope, opt
                     lambda g: {"hidden_out": decoder.embed(g, spec, "input_ids")})
     for i in range(spec.num_layers):
         pk, pv, nk, nv = kv_names(i)
+        kv_shape = (L, nspec.num_kv_heads, lengths[i], spec.head_dim)               # a ring is shorter
         kv_in = [TensorSpec(pk, kv_shape, "float32"), TensorSpec(pv, kv_shape, "float32")]
         kv_out = [TensorSpec(nk, kv_shape, "float32"), TensorSpec(nv, kv_shape, "float32")]
 
         def attn(g, i=i):
-            ctx = layers.AttentionInputs("seqlens_k", "total_seq_len", {k: (g.weight(c), g.weight(s)) for k, (c, s) in rope.items()},
-                                         rows=L * S)
+            ctx = chip_kv.attention_inputs(g, nspec, gs, rope, (i,), lengths, context)
             stream = layers.Stream("residual_in", branch(g, post_mlp, i - 1) if i else None)
             n, stream = layers.add_norm(g, stream, f"model.layers.{i}.input_layernorm.weight", spec.rms_norm_eps,
                                         f"/model/layers.{i}/input_layernorm")
@@ -226,7 +222,7 @@ def _segments(nspec: ModelSpec, spec: ModelSpec, gs: GraphSpec, store, rope, opt
             return {"partial_out": layers.gated_mlp(g, m, f"model.layers.{i}.mlp", act, f"/model/layers.{i}/mlp"),
                     "residual_out": stream.x}
 
-        yield graph(f"layers.{i}.attn", [x3("residual_in")] + ([x3("branch_in")] if i else []) + _host_inputs(gs, True) + kv_in,
+        yield graph(f"layers.{i}.attn", [x3("residual_in")] + ([x3("branch_in")] if i else []) + chip_kv.host_inputs(gs, (i,), lengths, context) + kv_in,
                     [x3("partial_out"), x3("residual_out")] + kv_out, attn)
         yield graph(f"layers.{i}.mlp", [x3("residual_in"), x3("branch_in")], [x3("partial_out"), x3("residual_out")], mlp)
     if chip == 0:
@@ -240,5 +236,5 @@ def _segments(nspec: ModelSpec, spec: ModelSpec, gs: GraphSpec, store, rope, opt
             x, _ = layers.add_norm(g, stream, "model.norm.weight", spec.rms_norm_eps, "/model/norm")
             return {"hidden": g.op("Reshape", [x, g.const([L, H])], name="/model/flatten/Reshape")}
 
-        yield graph("final", [x3("residual_in"), x3("branch_in")] + _host_inputs(gs, False, gs.type == PREFILL),
+        yield graph("final", [x3("residual_in"), x3("branch_in")] + ([TensorSpec("last_index", (1,), "int64")] if gs.type == PREFILL else []),
                     [TensorSpec("hidden", (L, H), "float32")], final)

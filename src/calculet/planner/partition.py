@@ -3,8 +3,9 @@ chips costs per step, from the compiler's own rules (plan = compile):
 
 - per-chip weights: `compiler/partition.planned_chip_weights` (the weight plan of the chip's spec,
   placed by the same rule compile checks its chip stores against), laid out as weights.bin is;
-- per-chip KV: the chip's layers (pp), KV heads (tp, replicated below the chip count), or all of it
-  (ep: attention replicated);
+- per-chip KV: `compiler/chip_kv.chip_kv_layout`: the chip's layers (pp), KV heads (tp, replicated
+  below the chip count), or all of it (ep: attention replicated), with the sliding-window layers' rings
+  of window + prefill chunk rows as compile builds them;
 - per-chip experts (ep): [c E/P, (c+1) E/P) of each sparse layer;
 - collectives: the schedule compile writes for a decode step over all lanes and for one prefill
   chunk (`compiler/partition.schedule_for`), priced by `calbin/partition.collective_bytes`, the
@@ -18,7 +19,8 @@ import re
 from dataclasses import dataclass
 
 from calculet.calbin.partition import PARTITIONS
-from calculet.compiler.partition import planned_chip_weights, pp_layer_ranges, schedule_for, weights_file_bytes
+from calculet.compiler.chip_kv import chip_kv_layout, chip_layers_and_kv_heads
+from calculet.compiler.partition import planned_chip_weights, schedule_for, weights_file_bytes
 from calculet.errors import RequestError
 from calculet.models.base import ModelSpec
 
@@ -77,7 +79,8 @@ class _Options:
 
 
 def plan_partition(spec: ModelSpec, scheme: str, chips: int, lanes: int, context: int, chunk: int, weights: str,
-                   block_size: int, fusions: frozenset, link: Link) -> PartitionPlan:
+                   block_size: int, fusions: frozenset, link: Link, rings: bool = True) -> PartitionPlan:
+    """`chunk`: the largest prefill chunk (it sizes the rings); `rings`: False for `compile --no-kv-ring`."""
     if scheme not in PARTITIONS:
         raise RequestError("bad_argument", f"--partition must be one of {', '.join(PARTITIONS)}, got {scheme!r}")
     if chips < 2:
@@ -85,20 +88,13 @@ def plan_partition(spec: ModelSpec, scheme: str, chips: int, lanes: int, context
     arrays = planned_chip_weights(spec, _Options(weights, block_size, frozenset(fusions), context, chips, scheme))
     out = []
     for c in range(chips):
+        layers, _ = chip_layers_and_kv_heads(spec, scheme, chips, c)
         experts = None
-        if scheme == "pp":
-            layers = pp_layer_ranges(spec.num_layers, chips)[c]
-            kv_heads, n_layers = spec.num_kv_heads, len(layers)
-        elif scheme == "ep":
-            from calculet.compiler.expert_parallel import chip_experts, chip_layers
-            layers, experts = chip_layers(spec, c), chip_experts(spec, chips, c)
-            kv_heads, n_layers = spec.num_kv_heads, len(layers)
-        else:
-            from calculet.compiler.tensor_parallel import chip_slices
-            layers, (_, kv, _) = tuple(range(spec.num_layers)), chip_slices(spec, chips, c)
-            kv_heads, n_layers = kv[1] - kv[0], spec.num_layers
-        kv_bytes = 2 * n_layers * lanes * kv_heads * context * spec.head_dim * 4
-        out.append(ChipPlan(c, (layers[0], layers[-1] + 1), kv_heads, weights_file_bytes(arrays[c]), kv_bytes,
+        if scheme == "ep":
+            from calculet.compiler.expert_parallel import chip_experts
+            experts = chip_experts(spec, chips, c)
+        kv = chip_kv_layout(spec, scheme, chips, c, lanes, context, (chunk,), rings)
+        out.append(ChipPlan(c, (layers[0], layers[-1] + 1), kv.kv_heads, weights_file_bytes(arrays[c]), kv.total_bytes,
                             experts))
     return PartitionPlan(scheme, tuple(out), _cost(spec, scheme, chips, f"decode_{lanes}", lanes, 1, link),
                          _cost(spec, scheme, chips, f"prefill_{chunk}", 1, chunk, link), link)

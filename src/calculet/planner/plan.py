@@ -167,12 +167,6 @@ class PlanReport:
         return json.dumps(asdict(self), indent=2, default=sorted)  # fusions: a sorted list
 
 
-def _ring_chunk(r: PlanRequest, chunk: int) -> int | None:
-    """The chunk that sizes sliding-window rings, or None (full-context KV): compile builds rings on
-    one chip only (`compile --chips N` keeps every layer's buffer at the context)."""
-    return chunk if r.chips == 1 else None
-
-
 def kv_cache_bytes(hp: ModelSpec, lanes: int, context: int, kv_dtype: str, kv_heads: int,
                    prefill_chunk: int | None = None) -> int:
     """Σ over layers of its buffer rows × kv_heads × 2 (K and V) × head_dim × lanes × bytes per element.
@@ -204,7 +198,7 @@ def plan_capacity(model: PlannedModel, request: PlanRequest, source: str = "") -
     budget_for = _budget_function(hp, sh, r, params.bytes_per_chip - rope, rope // r.context)
 
     chunk = min(r.prefill_chunk, r.context)
-    rows = _ring_chunk(r, chunk)
+    rows = chunk   # it sizes the sliding-window rings, on one chip and on every chip of a partition alike
     kv_total = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, hp.num_kv_heads, rows)
     kv_chip = kv_cache_bytes(hp, r.lanes, r.context, r.kv_dtype, sh.kv_heads_per_chip, rows)
     ring = ring_length(hp, r.context, (chunk,)) if rows else None
@@ -252,7 +246,7 @@ def _budget_function(hp: ModelSpec, sh: Sharding, r: PlanRequest, weights: int,
         work = max(workspace_bytes(hp, sh, lanes, 1, context, r.activation_dtype),
                    workspace_bytes(hp, sh, 1, chunk, context, r.activation_dtype))
         return (weights + rope_per_position * context
-                + kv_cache_bytes(hp, lanes, context, r.kv_dtype, sh.kv_heads_per_chip, _ring_chunk(r, chunk))
+                + kv_cache_bytes(hp, lanes, context, r.kv_dtype, sh.kv_heads_per_chip, chunk)
                 + work + decode.inputs_bytes + decode.outputs_bytes
                 + prefill.inputs_bytes + prefill.outputs_bytes)
     return required
@@ -298,8 +292,6 @@ def _assumptions(hp: ModelSpec, sh: Sharding, r: PlanRequest, chunk: int) -> tup
         f"KV cache: static {r.kv_dtype} buffers updated in place, the full context for every "
         "full-attention layer and lane" + (f"; sliding-window layers a ring of window {hp.sliding_window} + "
                                            f"prefill chunk {chunk} rows when shorter than the context"
-                                           if hp.sliding_window and r.chips == 1 else
-                                           "; sliding-window layers too (rings are one-chip only)"
                                            if hp.sliding_window else ""),
         f"workspace: one layer's intermediates live at once, attention scores [heads, tokens, "
         f"context] in fp32 (unfused attention, an upper bound); the larger of one decode step over "
