@@ -15,7 +15,7 @@ def _report(thresholds, forced: list[int]) -> GoldenReport:
 def test_default_model_bound_is_tighter_than_the_generic_one():
     measured = golden_thresholds("default", default_model=True)
     generic = golden_thresholds("default")
-    assert measured.forced_agreement == DEFAULT_MODEL_BOUNDS["default"]["forced_agreement"] == 0.95
+    assert measured.forced_agreement == DEFAULT_MODEL_BOUNDS["default"]["forced_agreement"] == 0.94
     assert measured.forced_agreement > generic.forced_agreement
     assert measured.logits_cosine == 0.998 > generic.logits_cosine
     # max |logit error| is the one bound looser than the generic guess (1.0): the default layout (KV
@@ -29,12 +29,12 @@ def test_default_model_bound_is_tighter_than_the_generic_one():
 
 
 def test_the_bound_fails_a_build_that_loses_agreement():
-    """The golden set is 6 prompts x 32 tokens: 187/192 (0.974, as measured) passes, 182/192 fails."""
+    """The golden set is 6 prompts x 32 tokens: 185/192 (0.9635, as measured) passes, 180/192 fails."""
     th = golden_thresholds("default", default_model=True)
-    assert _report(th, [32, 31, 31, 31, 31, 31]).set_failures == []
-    failing = _report(th, [30, 30, 30, 30, 31, 31])
-    assert failing.set_failures and "0.948 < 0.95" in failing.set_failures[0]
-    assert _report(golden_thresholds("default"), [30, 30, 30, 30, 31, 31]).set_failures == []
+    assert _report(th, [31, 31, 31, 31, 31, 30]).set_failures == []
+    failing = _report(th, [30, 30, 30, 30, 30, 30])
+    assert failing.set_failures and "0.938 < 0.94" in failing.set_failures[0]
+    assert _report(golden_thresholds("default"), [30, 30, 30, 30, 30, 30]).set_failures == []
 
 
 def test_only_the_embedded_model_is_the_default_model(tmp_path):

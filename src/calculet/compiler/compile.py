@@ -275,15 +275,19 @@ def _golden_policy(options: CompileOptions) -> str:
 #   --no-kv-ring: forced 0.974 (0.975 over the 100-prompt reference set), cosine 0.99996, max 0.244.
 # The two layouts agree to 3e-5 in fp32 (both 2.9e-5 from the reference); the int8 activations of
 # the default policy turn that into different rounding downstream, so the per-prompt worst cosine and
-# max error move by 10x and 3.5x between two equally exact attentions. Bounds: agreement >= 0.95
-# (5 more of the 192 forced tokens lost fails; w8a8 without the coarse head's rescoring measured
-# 0.953), cosine >= 0.998 (4x the worse layout's 1 - cos), max error <= 1.5 (1.75x; looser than the
+# max error move by 10x and 3.5x between two equally exact attentions. The ring products' rows form
+# (attention_ring.py: bit-identical alone and batched) moved forced agreement on the golden set to
+# 0.9635 (185/192; cosine and max error unchanged) while the 100-prompt set stayed at 0.9753: a
+# 6-prompt set swings by a few near-ties under W8A8. Bounds: agreement >= 0.94 (4 more of the 192
+# forced tokens lost fails; a build that drops its coarse head's rescoring measured 0.953, which the
+# 100-prompt `calculet compare` catches, not this 6-prompt gate), cosine >= 0.998 (4x the worse
+# layout's 1 - cos), max error <= 1.5 (1.75x; looser than the
 # generic 1.0, which left no margin over the ring build's 0.854). Top-10 overlap
 # stays at the generic 0.9, per-prompt free-running agreement at 0 (measured worst 0.06: one
 # near-tie forks a continuation). Other models keep the generic bounds: tiny random models under the
 # same policy measured forced agreement 0.919 (Mixtral) to 0.981 (Qwen2-MoE), from their near-tied
 # logits, not from quantization.
-DEFAULT_MODEL_BOUNDS = {"default": {"forced_agreement": 0.95, "logits_cosine": 0.998, "max_abs_logit_error": 1.5}}
+DEFAULT_MODEL_BOUNDS = {"default": {"forced_agreement": 0.94, "logits_cosine": 0.998, "max_abs_logit_error": 1.5}}
 
 
 # Gate F bounds for a KV cache narrower than fp32, never tighter than the weight policy's own. Measured
