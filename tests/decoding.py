@@ -42,9 +42,9 @@ def generate_one(device, tokenizer, prompt_ids, params: SamplerConfig = GREEDY, 
 
 
 def prefill(device, lane: int, prompt_ids: list[int]) -> np.ndarray:
-    """Run the prompt through prefill chunks; the last chunk's logits row [vocab]."""
+    """Run the ids through prefill chunks after what the lane holds; the last chunk's logits row [vocab]."""
     pos, result = 0, None
-    pieces = plan_chunks(len(prompt_ids), 0, device.program.chunk_sizes, device.lanes.context)
+    pieces = plan_chunks(len(prompt_ids), device.lanes.length(lane), device.program.chunk_sizes, device.lanes.context)
     for i, n in enumerate(pieces):
         result = device.run(PrefillJob(lane, tuple(prompt_ids[pos:pos + n]), want_logits=i == len(pieces) - 1), 30)
         pos += n

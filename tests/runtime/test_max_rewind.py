@@ -14,9 +14,9 @@ import pytest
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import CompileOptions
 from calculet.errors import RequestError
-from calculet.runtime.chunking import plan_chunks
 from calculet.runtime.device import Device
 from calculet.runtime.jobs import DecodeJob, PrefillJob
+from decoding import prefill
 
 WINDOW, CHUNKS = 16, (12, 24)
 
@@ -36,15 +36,6 @@ def device(request, tmp_path_factory):
     d.close()
 
 
-def _feed(device, lane: int, ids: list[int]) -> np.ndarray:
-    """Prefill ids after what the lane holds; the last row of logits."""
-    pos, row = 0, None
-    for n in plan_chunks(len(ids), device.lanes.length(lane), device.program.chunk_sizes, device.lanes.context):
-        row = device.run(PrefillJob(lane, tuple(ids[pos:pos + n])), 30).logits[0]
-        pos += n
-    return row
-
-
 def _ids(n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(3, 300, size=n).tolist()
 
@@ -58,15 +49,15 @@ def test_a_lane_cut_back_by_max_rewind_continues_like_a_fresh_one(device, extra,
     history, suffix = _ids(80, 1), _ids(20, 2)
     a, b, c = (device.lanes.allocate() for _ in range(3))
     try:
-        _feed(device, a, history[:75])
+        prefill(device, a, history[:75])
         device.run(PrefillJob(a, tuple(history[75:80])), 30)   # 5 tokens on the 12-token graph: 7 padded
-        _feed(device, b, _ids(3, 9))
+        prefill(device, b, _ids(3, 9))
         device.run(DecodeJob((b,), (5,)), 30)                    # lane a sits out: its next row is written
         n = device.lanes.length(a)
         k = n - device.program.max_rewind - extra
         device.lanes.rewind(a, k)
-        reused = _feed(device, a, suffix)
-        fresh = _feed(device, c, history[:k] + suffix)
+        reused = prefill(device, a, suffix)
+        fresh = prefill(device, c, history[:k] + suffix)
         err = float(np.abs(reused - fresh).max())
         assert (err < 1e-4) if same else (err > 1e-3), err
     finally:
@@ -77,7 +68,7 @@ def test_a_lane_cut_back_by_max_rewind_continues_like_a_fresh_one(device, extra,
 def test_rewind_past_the_lane_length_is_refused(device):
     lane = device.lanes.allocate()
     try:
-        _feed(device, lane, _ids(5, 4))
+        prefill(device, lane, _ids(5, 4))
         with pytest.raises(RequestError, match=r"0\.\.5"):
             device.lanes.rewind(lane, 6)
     finally:

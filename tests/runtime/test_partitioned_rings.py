@@ -16,9 +16,8 @@ import pytest
 
 from calculet.calbin.manifest import read_manifest
 from calculet.runtime.chips import chip_configs, open_device
-from calculet.runtime.chunking import plan_chunks
 from calculet.runtime.jobs import DecodeJob, PrefillJob
-from decoding import greedy_together
+from decoding import greedy_together, prefill
 
 CONTEXT, WINDOW, RING = 128, 8, 8 + 16
 PROMPTS = [(11, 3), (12, 9), (13, 17), (14, 30)]    # (seed, length): below, past the window, past the ring
@@ -80,15 +79,6 @@ def chip_memory_total(m) -> int:
     return plan.weights_bytes + plan.kv.total_bytes + sum(s.total_bytes for s in plan.staging)
 
 
-def _feed(device, lane: int, ids: list[int]) -> np.ndarray:
-    """Prefill ids after what the lane holds; the last row of logits."""
-    pos, row = 0, None
-    for n in plan_chunks(len(ids), device.lanes.length(lane), device.program.chunk_sizes, device.lanes.context):
-        row = device.run(PrefillJob(lane, tuple(ids[pos:pos + n])), 30).logits[0]
-        pos += n
-    return row
-
-
 @pytest.mark.parametrize("partition", ["pp", "tp"])
 @pytest.mark.parametrize("extra, same", [(0, True), (3, False)])
 def test_a_lane_cut_back_by_max_rewind_on_chips_continues_like_a_fresh_one(tiny_calbin, partition, extra, same):
@@ -100,13 +90,13 @@ def test_a_lane_cut_back_by_max_rewind_on_chips_continues_like_a_fresh_one(tiny_
     device = open_device(tiny_calbin("gemma3", context=CONTEXT, chips=2, partition=partition), chip_configs(2))
     try:
         a, b, c = (device.lanes.allocate() for _ in range(3))
-        _feed(device, a, history[:57])
+        prefill(device, a, history[:57])
         device.run(PrefillJob(a, tuple(history[57:60])), 30)     # 3 tokens on the 4-token graph: 1 padded
-        _feed(device, b, history[:3])
+        prefill(device, b, history[:3])
         device.run(DecodeJob((b,), (5,)), 30)                    # lane a sits out: its next row is written
         k = device.lanes.length(a) - device.program.max_rewind - extra
         device.lanes.rewind(a, k)
-        err = float(np.abs(_feed(device, a, suffix) - _feed(device, c, history[:k] + suffix)).max())
+        err = float(np.abs(prefill(device, a, suffix) - prefill(device, c, history[:k] + suffix)).max())
     finally:
         device.close()
     assert (err < 1e-4) if same else (err > 1e-3), err
