@@ -50,6 +50,7 @@ class LLMOptions:
     kv_dtype: str | None = None                # compile: KV cache dtype, "fp32" (default) or "fp16"
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
     step_token_budget: int = 64                # engine: decode rows + prompt tokens per step while decoding; 0: none
+    burst_prefill_tokens: int = 2048           # engine: a burst is prefilled before it decodes (0: off)
     in_flight: int = 2                         # engine: device jobs in flight, 1 (immediate wait) or 2 (ping/pong)
     max_queue: int | None = None               # engine: waiting sequences; None = no limit
     request_timeout_s: float | None = None     # engine: per-request time limit; None = none
@@ -78,6 +79,7 @@ class LLMOptions:
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_queue=UNBOUNDED_QUEUE if self.max_queue is None else self.max_queue,
                             max_prefill_tokens=self.max_prefill_tokens, step_token_budget=self.step_token_budget,
+                            burst_prefill_tokens=self.burst_prefill_tokens,
                             in_flight=self.in_flight, request_timeout_s=self.request_timeout_s,
                             prefix_cache=self.prefix_cache)
 

@@ -182,3 +182,53 @@ def test_gemma3_sliding_window_model_mixed_and_in_flight_equal_alone(tiny_calbin
         assert any(p and r for p, r in steps.steps)
     finally:
         d.close()
+
+
+def run_burst(device, config: EngineConfig, observer: EngineObserver) -> list[list[int]]:
+    """Four requests at once (one per lane), as a batch of clients that all finished together sends."""
+    import queue
+
+    engine = Engine(device, TextTokenizer.from_program(device.program), config, observer)
+    engine.start()
+    try:
+        ps = prompts(device.program.vocab_size)[:4]
+        inboxes = []
+        for ids in ps:
+            q = queue.Queue()
+            engine.submit(GenerationRequest(tuple(ids), GREEDY, TOKENS, ignore_eos=True), q.put)
+            inboxes.append(q)
+        results = [[] for _ in ps]
+        for i, q in enumerate(inboxes):
+            while not isinstance(event := q.get(timeout=120), RequestDone):
+                assert isinstance(event, SequenceDelta), event
+                results[i] += event.token_ids
+        return results
+    finally:
+        engine.stop()
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_a_burst_is_prefilled_before_it_decodes_and_equals_alone(device, alone, in_flight):
+    """burst_prefill_tokens: the burst's streams wait after their first token until the whole burst is
+    prefilled (16 tokens a step here), then decode together; no step mixes, tokens equal alone."""
+    steps = Steps()
+    got = run_burst(device, EngineConfig(max_prefill_tokens=16, step_token_budget=8, in_flight=in_flight), steps)
+    assert got == alone[:4]
+    first_decode = next(i for i, (p, d) in enumerate(steps.steps) if d)
+    assert all(p for p, d in steps.steps[:first_decode]) and not any(p for p, d in steps.steps[first_decode:])
+    assert steps.steps[first_decode][1] == 4, "the burst does not decode together"
+
+
+@pytest.mark.parametrize("burst", [0, 20])
+def test_a_burst_decodes_at_once_when_off_or_past_the_limit(device, alone, burst):
+    """Off (0), or with more prompt tokens left than the limit, a prefilled stream decodes from the next
+    step beside the rest of the burst's prefill (budgeted mixed steps)."""
+    steps = Steps()
+    got = run_burst(device, EngineConfig(max_prefill_tokens=16, step_token_budget=8, burst_prefill_tokens=burst), steps)
+    assert got == alone[:4]
+    assert any(p and d for p, d in steps.steps), "no step mixed prefill and decode"
+
+
+def test_burst_prefill_tokens_is_checked():
+    with pytest.raises(RequestError, match="--burst-prefill-tokens must be >= 0"):
+        EngineConfig(burst_prefill_tokens=-1)

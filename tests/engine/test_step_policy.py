@@ -44,3 +44,13 @@ def test_default_fits_a_full_decode_batch_of_the_default_model():
     """The default leaves room for three 16-token chunks beside the default calbin's 8 lanes."""
     assert StepBudget().chunk_sizes((16, 128), 8) == (16,) and StepBudget().prefill_slice(8) // 16 == 3
     assert DEFAULT_STEP_TOKEN_BUDGET == 64
+
+
+def test_a_burst_holds_while_its_prefill_left_is_within_the_limit():
+    b = StepBudget(512, 64, 100)
+    assert b.holds(1) and b.holds(100)
+    assert not b.holds(0)        # nothing left: the burst decodes
+    assert not b.holds(101)      # too much left: the prefilled streams decode beside it (budgeted)
+    assert not StepBudget(512, 64, 0).holds(5)
+    with pytest.raises(ValueError, match="--burst-prefill-tokens must be >= 0"):
+        StepBudget(512, 64, -1)

@@ -3,7 +3,8 @@ streaming client sees (an SSE error event with the fault's code, then `data: [DO
 request sharing the engine with it still gives its solo answer, that no lane leaks, that metrics count
 it, and that the server then serves normally.
 
-Two streams run together on a server with `--max-prefill-tokens 1` (one prefill chunk per step,
+Two streams run together on a server with `--max-prefill-tokens 1 --burst-prefill-tokens 0` (one
+prefill chunk per step, each stream decoding as soon as it is prefilled,
 first come first served; see test_faults.py): when the first decode step runs, only one of them is
 decoding, so a decode fault hits exactly one; a prefill fault hits whichever was prefilled first.
 """
@@ -55,7 +56,7 @@ CASES = [
 
 @pytest.mark.parametrize("spec,options,code", CASES, ids=[c[0] for c in CASES])
 def test_fault_fails_one_stream_cleanly_and_the_server_recovers(tiny_calbin, start_server, spec, options, code):
-    server = start_server(tiny_calbin("llama", lanes=4, context=128, chunks=(4, 16)), "--max-prefill-tokens", "1",
+    server = start_server(tiny_calbin("llama", lanes=4, context=128, chunks=(4, 16)), "--max-prefill-tokens", "1", "--burst-prefill-tokens", "0",
                           *options, env={"CALCULET_FAULT": spec})
     outcomes = run_pair(server)
     failed = [name for name, (_text, frames) in outcomes.items() if "error" in frames[-2]]
@@ -77,7 +78,7 @@ def test_fault_fails_one_stream_cleanly_and_the_server_recovers(tiny_calbin, sta
 
 def test_slow_jobs_within_the_deadline_change_nothing(tiny_calbin, start_server):
     calbin = tiny_calbin("llama", lanes=4, context=128, chunks=(4, 16))
-    server = start_server(calbin, "--max-prefill-tokens", "1", "--job-timeout", "30",
+    server = start_server(calbin, "--max-prefill-tokens", "1", "--burst-prefill-tokens", "0", "--job-timeout", "30",
                           env={"CALCULET_FAULT": "delay=0.2@decode:1:3,delay=0.2@prefill:2"})
     outcomes = run_pair(server)
     for name, prompt in (("short", "Paris is"), ("long", LONG_PROMPT)):
@@ -91,7 +92,7 @@ def test_failed_reset_fails_everyone_then_retries(tiny_calbin, start_server):
     """The decode fault's reset fails (fail@load:2): every request fails (one that arrives after the
     failure is refused with 503 at once), /health says 503 until the engine's retry succeeds (load 3),
     then the server serves normally."""
-    server = start_server(tiny_calbin("llama", lanes=4, context=128, chunks=(4, 16)), "--max-prefill-tokens", "1",
+    server = start_server(tiny_calbin("llama", lanes=4, context=128, chunks=(4, 16)), "--max-prefill-tokens", "1", "--burst-prefill-tokens", "0",
                           env={"CALCULET_FAULT": "fail@decode:1,fail@load:2"})
     outcomes = run_pair(server, refusal_ok=True)
     codes = sorted(frames[-2]["error"]["code"] for _text, frames in outcomes.values())

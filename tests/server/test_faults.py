@@ -15,7 +15,7 @@ import pytest
 @pytest.fixture(scope="module")
 def server(tiny_calbin, start_server):
     # one prefill chunk per step (the first chunk always runs), so the two requests reach the decode batch at different steps
-    return start_server(tiny_calbin("llama", lanes=8, context=128, chunks=(4, 16)), "--max-prefill-tokens", "1",
+    return start_server(tiny_calbin("llama", lanes=8, context=128, chunks=(4, 16)), "--max-prefill-tokens", "1", "--burst-prefill-tokens", "0",
                         env={"CALCULET_FAULT": "decode:1"})
 
 
@@ -43,7 +43,8 @@ class HealthWatch:
 
 
 def test_decode_failure_fails_only_its_batch_then_recovers(server):
-    """Prefill is one chunk per step here (--max-prefill-tokens 1), first come first served, so when
+    """Prefill is one chunk per step here (--max-prefill-tokens 1), first come first served, and a stream
+    decodes as soon as it is prefilled (--burst-prefill-tokens 0), so when
     the first decode step runs exactly one request is decoding and the other is still waiting or
     prefilling: only the decoding one may fail; the other is requeued (its lane was reset) and must
     complete normally."""

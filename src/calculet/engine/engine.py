@@ -44,7 +44,7 @@ from calculet.engine.requests import (Event, GenerationRequest, RequestDone, Req
                                       SequenceDelta)
 from calculet.engine.pipeline import IN_FLIGHT, JobPipeline, StepJob
 from calculet.engine.scheduler import Scheduler, StepPlan
-from calculet.engine.step_policy import DEFAULT_STEP_TOKEN_BUDGET, StepBudget
+from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET, StepBudget
 from calculet.errors import CalculetError, DeviceError, RequestError
 from calculet.runtime.device import JOB_TIMEOUT_S
 from calculet.runtime.jobs import DecodeJob, JobResult, PrefillJob
@@ -68,6 +68,8 @@ class EngineConfig:
     max_prefill_tokens: int = 512     # prompt tokens prefilled per step (at least one chunk runs)
     step_token_budget: int | None = DEFAULT_STEP_TOKEN_BUDGET   # decode rows + prompt tokens per step while
                                       # sequences decode (engine/step_policy.py); 0 or None: no such budget
+    burst_prefill_tokens: int = DEFAULT_BURST_PREFILL_TOKENS   # a burst's prefilled streams wait while at
+                                      # most this many of its prompt tokens are left (engine/step_policy.py); 0: off
     in_flight: int = 2                # device jobs queued at once: 1 = immediate wait, 2 = ping/pong
     request_timeout_s: float | None = None
     job_timeout_s: float = JOB_TIMEOUT_S     # the longest one device job may take before it counts as failed
@@ -81,6 +83,9 @@ class EngineConfig:
         if self.step_token_budget is not None and self.step_token_budget < 0:
             raise RequestError("bad_option", f"--step-token-budget must be >= 1 token, or 0 for none, got "
                                f"{self.step_token_budget}")
+        if self.burst_prefill_tokens < 0:
+            raise RequestError("bad_option", f"--burst-prefill-tokens must be >= 0 prompt tokens (0: off), got "
+                               f"{self.burst_prefill_tokens}")
         if self.in_flight not in IN_FLIGHT:
             raise RequestError("bad_option", f"--in-flight must be 1 or 2, got {self.in_flight}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
@@ -120,7 +125,8 @@ class Engine:
         self.context = device.lanes.context
         self.vocab_size = device.program.vocab_size
         self.candidates = device.program.candidates   # K of the on-graph sampling head, 0 without one
-        self.budget = StepBudget(self.config.max_prefill_tokens, self.config.step_token_budget)
+        self.budget = StepBudget(self.config.max_prefill_tokens, self.config.step_token_budget,
+                                 self.config.burst_prefill_tokens)
         self.prefix_cache = PrefixCache(device.lanes, self.config.prefix_cache, device.program.max_rewind)
         self.scheduler = self._new_scheduler()
         self.pipeline = JobPipeline(device, self.config.in_flight, self.config.job_timeout_s)

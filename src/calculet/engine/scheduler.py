@@ -14,6 +14,12 @@ the decode batch in fewer steps (throughput, TTFT); a smaller one keeps inter-to
 vLLM's max_num_batched_tokens trade-off. Chunks are planned every step from where each prompt
 stands. A sequence keeps its lane until it finishes; `finish` is the only way a lane is given back.
 
+A burst (engine/step_policy.py, `burst_prefill_tokens`): a sequence that finishes prefilling while
+nothing decodes is held (its first token is sent) until the rest of the burst is prefilled, then the
+burst decodes together:
+
+    prefilling ──last chunk, nothing decoding──▶ held ──burst prefilled (or too much left)──▶ decoding
+
 Lanes are got and given back through the prefix cache (engine/prefix_cache.py): admission may get a
 warm lane that already holds the sequence's first tokens (prefill starts after them), and a sequence
 that finished normally leaves its lane warm.
@@ -66,13 +72,14 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.prefilling: deque[Sequence] = deque()
         self.decoding: list[Sequence] = []
+        self.held: list[Sequence] = []          # a burst's prefilled sequences, waiting for the rest of it
 
     # --- queue ---------------------------------------------------------------------------
     def add(self, state: RequestState) -> None:
         self.waiting.extend(state.sequences)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.decoding)
+        return bool(self.waiting or self.prefilling or self.decoding or self.held)
 
     def waiting_requests(self) -> int:
         return len({s.state.id for s in self.waiting})
@@ -81,12 +88,19 @@ class Scheduler:
         return len({s.state.id for s in self.holding_lanes()})
 
     def holding_lanes(self) -> list[Sequence]:
-        return list(self.prefilling) + self.decoding
+        return list(self.prefilling) + self.held + self.decoding
 
     # --- one step ------------------------------------------------------------------------
     def schedule(self, now: float) -> StepPlan:
         admitted = self._admit(now)
+        if self.held and not self.budget.holds(self.prefill_left()):
+            self.decoding.extend(self.held)
+            self.held.clear()
         return StepPlan(self._prefill_work(), tuple(self.decoding), admitted)
+
+    def prefill_left(self) -> int:
+        """Prompt tokens the admitted sequences still have to prefill."""
+        return sum(len(s.kv_tokens()) - s.prefilled for s in self.prefilling)
 
     def _prefill_work(self) -> tuple[PrefillWork, ...]:
         """The next chunks in arrival order while they fit the step's prefill slice; the first always runs."""
@@ -121,19 +135,20 @@ class Scheduler:
         return tuple(admitted)
 
     def prefill_done(self, work: PrefillWork) -> None:
-        """The chunk ran: advance the sequence; after its last chunk it decodes from the next step."""
+        """The chunk ran: advance the sequence; after its last chunk it decodes from the next step, or
+        is held with the burst when nothing decodes yet."""
         seq = work.seq
         seq.prefilled += len(work.tokens)
         if work.last:
             self.prefilling.remove(seq)
-            self.decoding.append(seq)
+            (self.decoding if self.decoding else self.held).append(seq)
 
     # --- leaving -------------------------------------------------------------------------
     def finish(self, seq: Sequence) -> None:
         """Remove the sequence wherever it is and give its lane back: warm (its KV reusable) when it
         decoded to a normal end, cold when it was cancelled, timed out or failed."""
         decoded = seq in self.decoding
-        for queue in (self.waiting, self.prefilling, self.decoding):
+        for queue in (self.waiting, self.prefilling, self.held, self.decoding):
             if seq in queue:
                 queue.remove(seq)
         if seq.lane is not None:
@@ -145,7 +160,7 @@ class Scheduler:
         """After a device reset forgot every lane: send these back to the front of the queue; they
         re-prefill prompt + output so far and carry on."""
         for seq in seqs:
-            for queue in (self.prefilling, self.decoding):
+            for queue in (self.prefilling, self.held, self.decoding):
                 if seq in queue:
                     queue.remove(seq)
             seq.lane, seq.prefilled = None, 0

@@ -11,6 +11,18 @@ wait for it. Two limits bound it:
     prefill slice = P                       when nothing decodes (no stream waits: prefill at full speed)
                   = min(P, B - decode rows) when sequences decode
 
+A burst (prompts that arrive while nothing decodes, as when a batch of clients all finished
+together) is prefilled at full speed before any of it decodes, as llama.cpp prefills a batch:
+
+    burst_prefill_tokens  H  a sequence that finishes its prefill while nothing decodes sends its first
+                             token and waits while at most H prompt tokens are still to prefill, then
+                             the burst decodes together (0: off, it decodes from the next step)
+
+Each such stream gets one long gap after its first token instead of one slow budgeted step per
+prompt of the burst, and the burst's streams stay in step, so they finish together and the next
+burst again arrives while nothing decodes (with it off, they drift apart by the slices between their
+prefills, and every later arrival slows the others' steps).
+
 With a budget the chunks are planned from the compiled sizes that fit the slice (a 128-token graph
 is not used for a 56-token slice), re-planned every step from where the prompt stands, so a prompt
 that started alone in big chunks continues in small ones once streams decode beside it. The first
@@ -30,12 +42,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_STEP_TOKEN_BUDGET = 64   # 8 decode rows + 56 prompt tokens (three 16-token chunks on the default calbin)
+DEFAULT_BURST_PREFILL_TOKENS = 2048   # 8 lanes x 256-token prompts; about 1.5 s of prefill on 2 cores
 
 
 @dataclass(frozen=True)
 class StepBudget:
     max_prefill_tokens: int = 512
     step_token_budget: int | None = DEFAULT_STEP_TOKEN_BUDGET   # None (or 0): no per-step budget
+    burst_prefill_tokens: int = DEFAULT_BURST_PREFILL_TOKENS     # 0: a burst's streams decode at once
 
     def __post_init__(self):
         if self.max_prefill_tokens < 1:
@@ -44,6 +58,13 @@ class StepBudget:
             object.__setattr__(self, "step_token_budget", None)
         if self.step_token_budget is not None and self.step_token_budget < 1:
             raise ValueError(f"--step-token-budget must be >= 1 token, or 0 for none, got {self.step_token_budget}")
+        if self.burst_prefill_tokens < 0:
+            raise ValueError(f"--burst-prefill-tokens must be >= 0 (0: off), got {self.burst_prefill_tokens}")
+
+    def holds(self, prefill_left: int) -> bool:
+        """Whether a burst's streams that finished prefilling keep waiting while `prefill_left` prompt
+        tokens of the burst are still to prefill."""
+        return 0 < prefill_left <= self.burst_prefill_tokens
 
     def prefill_slice(self, decode_rows: int) -> int:
         """Prompt tokens this step may prefill beside `decode_rows` decoding sequences (at least one

@@ -2,7 +2,8 @@
 
     GET    /admin/models                  the models, their state, chips and memory
     POST   /admin/models                  load: {"source" | "calbin", "name", "chips", "lanes", "chat_template",
-                                          "max_queue", "max_prefill_tokens", "step_token_budget", "in_flight",
+                                          "max_queue", "max_prefill_tokens", "step_token_budget", "burst_prefill_tokens",
+                                          "in_flight",
                                           "request_timeout"}
     DELETE /admin/models/{name}           unload with drain; answers once drained
     POST   /admin/models/{name}/reload    {"source": new calbin or source} (default: the same path again);

@@ -45,6 +45,11 @@ def add_server_arguments(p) -> None:
                    help="while sequences decode, decode rows + prompt tokens per engine step (mixed steps: prompts are "
                         "prefilled in chunks that fit beside the decode rows); lower: steadier inter-token latency, "
                         "higher: lower TTFT; 0: no such budget, only --max-prefill-tokens (default %(default)s)")
+    p.add_argument("--burst-prefill-tokens", type=int, default=ServerConfig.burst_prefill_tokens, metavar="N",
+                   help="prompts that arrive while nothing decodes are prefilled at full speed before any of them "
+                        "decodes, while at most N of their prompt tokens are left (each stream sends its first token, "
+                        "then waits once; the burst then decodes in step, as llama.cpp batches it); 0: off, each "
+                        "stream decodes as soon as it is prefilled (default %(default)s)")
     p.add_argument("--in-flight", type=int, choices=(1, 2), default=ServerConfig.in_flight,
                    help="device jobs queued at once: 1 waits for each job before the next, 2 (ping/pong) samples and "
                         "streams one job's tokens while the device runs the next (default %(default)s)")
@@ -90,7 +95,8 @@ def server_config(args) -> ServerConfig:
     single = args.model[0] if len(args.model) == 1 else None
     config = ServerConfig(model=single, host=args.host, port=args.port, api_key=args.api_key,
                           max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens,
-                          step_token_budget=args.step_token_budget, in_flight=args.in_flight, request_timeout_s=args.request_timeout,
+                          step_token_budget=args.step_token_budget,
+                          burst_prefill_tokens=args.burst_prefill_tokens, in_flight=args.in_flight, request_timeout_s=args.request_timeout,
                           served_model_name=args.served_model_name, threads=args.threads,
                           chat_template=args.chat_template, provider=args.provider,
                           provider_options=parse_provider_options(args.provider_option), max_body_bytes=args.max_body_bytes,

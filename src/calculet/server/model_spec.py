@@ -12,6 +12,7 @@ whose name is derived), from `--models models.toml`, or from an admin load reque
     max_queue = 128                # its own waiting queue
     max_prefill_tokens = 512
     step_token_budget = 64         # decode rows + prompt tokens per step while decoding (0: none)
+    burst_prefill_tokens = 2048    # a burst is prefilled before it decodes while at most this much is left (0: off)
     in_flight = 2                  # device jobs in flight: 1 or 2 (ping/pong)
     request_timeout = 30.0         # seconds
     prefix_cache = true            # reuse finished prompts' KV (false: --no-prefix-cache for this model)
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from calculet.engine.engine import EngineConfig
 
 TOML_KEYS = ("name", "source", "calbin", "chips", "partition", "lanes", "chat_template", "max_queue", "max_prefill_tokens",
-             "step_token_budget", "in_flight", "request_timeout", "prefix_cache")
+             "step_token_budget", "burst_prefill_tokens", "in_flight", "request_timeout", "prefix_cache")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class ModelSpec:
     max_queue: int = 128
     max_prefill_tokens: int = 512
     step_token_budget: int = 64        # = engine.step_policy.DEFAULT_STEP_TOKEN_BUDGET
+    burst_prefill_tokens: int = 2048   # = engine.step_policy.DEFAULT_BURST_PREFILL_TOKENS
     in_flight: int = 2
     request_timeout_s: float | None = None
     job_timeout_s: float = 600.0
@@ -74,7 +76,8 @@ class ModelSpec:
         from calculet.engine.engine import EngineConfig
 
         return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
-                            step_token_budget=self.step_token_budget, in_flight=self.in_flight,
+                            step_token_budget=self.step_token_budget, burst_prefill_tokens=self.burst_prefill_tokens,
+                            in_flight=self.in_flight,
                             request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s,
                             prefix_cache=self.prefix_cache)
 
@@ -124,7 +127,7 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
     if "source" in d and "calbin" in d:
         raise RequestError("bad_option", f"{where}: give source or calbin, not both")
     types = {"name": str, "source": str, "calbin": str, "chat_template": str, "partition": str, "lanes": int, "max_queue": int,
-             "max_prefill_tokens": int, "step_token_budget": int, "in_flight": int, "request_timeout": (int, float)}
+             "max_prefill_tokens": int, "step_token_budget": int, "burst_prefill_tokens": int, "in_flight": int, "request_timeout": (int, float)}
     for key, kind in types.items():
         if key in d and (not isinstance(d[key], kind) or isinstance(d[key], bool)):
             raise RequestError("bad_option", f"{where}: {key} must be a {getattr(kind, '__name__', 'number')}, "
@@ -144,6 +147,7 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
                    max_queue=d.get("max_queue", base.max_queue),
                    max_prefill_tokens=d.get("max_prefill_tokens", base.max_prefill_tokens),
                    step_token_budget=d.get("step_token_budget", base.step_token_budget),
+                   burst_prefill_tokens=d.get("burst_prefill_tokens", base.burst_prefill_tokens),
                    in_flight=d.get("in_flight", base.in_flight),
                    request_timeout_s=None if timeout is None else float(timeout),
                    prefix_cache=d.get("prefix_cache", base.prefix_cache))
