@@ -9,6 +9,7 @@ window), so its local layers keep a ring of 16 + 24 = 40 rows; prompts and gener
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 from calculet.compiler.compile import compile_calbin
@@ -126,23 +127,36 @@ def test_a_lanes_ring_logits_are_bit_identical_alone_and_batched(tmp_path_factor
     device.configure(device.load(path))
     try:
         assert [g.lanes for g in device.program.decode_graphs] == [1, 4] and device.program.manifest.kv.ring == 640
-        prompts = [_prompt(n, seed=n) for n in (600, 530, 610, 90)]
+        prompts = {n: _prompt(n, seed=n) for n in (600, 530, 610, 250, 90)}
+        decode_graph = onnx.load(str(path / "graphs" / "decode_4.onnx"), load_external_data=False)
+        ring_layers = sum(n == 640 for n in device.program.manifest.kv.layer_lengths)
+        assert ring_layers and sum(node.op_type == "If" for node in decode_graph.graph.node) == ring_layers
 
-        def decode(lanes: list[int], steps: int = 60) -> list[np.ndarray]:
+        def decode(lengths: dict[int, int], steps: int = 60) -> dict[int, list[np.ndarray]]:
+            """Greedy steps of the lanes in `lengths` (lane: prompt length) together: each lane's logits."""
             for lane in range(4):
                 if device.lanes.in_use(lane):
                     device.lanes.free(lane)
             for _ in range(4):
                 device.lanes.allocate()
-            last = {lane: int(np.argmax(prefill(device, lane, prompts[lane]))) for lane in lanes}
-            rows = []
+            lanes = sorted(lengths)
+            last = {lane: int(np.argmax(prefill(device, lane, prompts[lengths[lane]]))) for lane in lanes}
+            rows = {lane: [] for lane in lanes}
             for _ in range(steps):
                 logits = device.run(DecodeJob(tuple(lanes), tuple(last[lane] for lane in lanes)), 30).logits
-                rows.append(logits[0].copy())
+                for lane, row in zip(lanes, logits):
+                    rows[lane].append(row.copy())
                 last = {lane: int(np.argmax(row)) for lane, row in zip(lanes, logits)}
             return rows
 
-        alone, batched = decode([0]), decode([0, 1, 2, 3])
-        assert all(np.array_equal(a, b) for a, b in zip(alone, batched))
+        def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+            return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+        # wrapping lanes (600 + 60 > 640 rows) read the whole ring; a lane of 90 alone reads its first
+        # 256 rows, beside a 250-token lane 256 then 384, beside the long lanes all 640
+        batched = decode({0: 600, 1: 530, 2: 610, 3: 90})
+        assert same(decode({0: 600})[0], batched[0])
+        short = decode({3: 90})[3]
+        assert same(short, batched[3]) and same(short, decode({0: 250, 3: 90})[3])
     finally:
         device.close()

@@ -15,6 +15,15 @@ buffer has R rows (compiler/kv_layout.py) and holds position p at row p mod R:
 A float16 ring (--kv-dtype fp16) gets K_new/V_new cast to float16 before the write and the ring cast
 back to float32 before the products (the attention math stays float32).
 
+Reading only the rows written so far: while no lane of the graph has reached row `limit` of its
+ring (5/8 of R, on a 128-row grain), the products run on the ring's first `rows` rows, copied out
+(an If per layer: rows = max(seqlens_k) + 1 rounded up to the grain, at least two grains: ONNX Runtime's
+products over 128 rows or fewer round differently from longer ones). A ring of 640 rows at 200
+positions reads 256 rows per lane instead of 640; past the limit the copy would cost more than it
+saves, so the products read the whole ring in place. The rows past a lane's length are masked
+either way (exact zeros in the softmax), so a lane's logits do not depend on which branch ran or on
+how many rows it read (bit-identical; tests/compiler/test_kv_ring.py).
+
 Every query reads the ring after this step's writes, so a query sees its own chunk causally (a
 later token of the chunk sits R - 1 rows "back", outside the window). Writes never reach a row a
 query still reads while R >= window + S - 1 (gate C checks it). Padding tokens of a prefill chunk
@@ -33,6 +42,7 @@ from calculet.calbin.graphspec import kv_names
 from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
 
 NEG = -1e30  # additive mask; finite so a fully masked row cannot produce NaN
+GRAIN = 128  # rows of a ring the products read: a multiple of this, at least two (ring // 8 on small rings)
 
 
 @dataclass(frozen=True)
@@ -46,6 +56,9 @@ class RingContext:
     real: str | None         # bool [1, 1, S, 1]: prefill tokens j <= last_index (None: decode, all real)
     bias: str                # float32 [L, 1, 1, S, R] ([L, 1, 1, R] when S = 1): 0 where visible, NEG elsewhere
     kv_dtype: str = "float32"  # the ring's dtype; float16 (--kv-dtype fp16) is cast on write and on read
+    rows: str | None = None        # int64 [1]: ring rows the products read while `short` holds
+    short: str | None = None       # bool [1]: every lane of the graph is short of the ring's limit
+    short_bias: str | None = None  # `bias` cut to `rows` rows
 
 
 def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, ring: int, prefill: bool,
@@ -76,7 +89,17 @@ def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, ring: int, pre
         bias = g.op("Unsqueeze", [bias, g.const([1])], name=f"{s}/Bias4")                          # [L, 1, 1, R]
     else:
         bias = g.op("Unsqueeze", [bias, g.const([1, 2])], name=f"{s}/Bias5")                       # [L, 1, 1, S, R]
-    return RingContext(ring, lanes, tokens, positions, index, real, bias, kv_dtype)
+    grain = max(1, min(GRAIN, ring // 8))
+    limit = ring * 5 // 8 // grain * grain
+    if limit < 2 * grain:
+        return RingContext(ring, lanes, tokens, positions, index, real, bias, kv_dtype)
+    written = g.op("Add", [g.op("ReduceMax", [seq], name=f"{s}/Longest", keepdims=1), g.const([grain])],
+                   name=f"{s}/WrittenUp")                                        # max(seqlens_k) + 1 + grain - 1
+    grains = g.op("Max", [g.op("Div", [written, g.const([grain])], name=f"{s}/Grains"), g.const([2])], name=f"{s}/TwoGrains")
+    rows = g.op("Min", [g.op("Mul", [grains, g.const([grain])], name=f"{s}/RowsUp"), g.const([ring])], name=f"{s}/Rows")  # [1]
+    short = g.op("LessOrEqual", [rows, g.const([limit])], name=f"{s}/Short")                          # [1] bool
+    short_bias = g.op("Slice", [bias, g.const([0]), rows, g.const([-1])], name=f"{s}/ShortBias")
+    return RingContext(ring, lanes, tokens, positions, index, real, bias, kv_dtype, rows, short, short_bias)
 
 
 def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: tuple[str, str],
@@ -109,26 +132,44 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
             old = g.op("GatherND", [past, ctx.index], name=f"{scope}/Old{tag}")                       # [L, Nkv, S, D]
             new = g.op("Where", [ctx.real, new, old], name=f"{scope}/Keep{tag}")
         rings.append(g.op("ScatterND", [past, ctx.index, new], name=f"{scope}/Write{tag}", outputs=[present]))
-    if half:
-        rings = [g.op("Cast", [r], name=f"{scope}/Ring{tag}Float", to=TensorProto.FLOAT) for r, tag in zip(rings, "KV")]
-    # The g query heads of one KV head go through the products as g*S rows of one matrix, so each
-    # (lane, KV head) reads its ring once per product instead of once per query head.
-    if one:   # 6 ops instead of 12 per layer and step: no transposes, the bias already 4-D
+    if one:
         q = g.op("Reshape", [q, g.const([lanes, nkv, group, d])], name=f"{scope}/QRows")            # [L, Nkv, g, D]
-        scores = g.op("FusedMatMul", [q, rings[0]], name=f"{scope}/Scores", domain=MS_DOMAIN, transB=1,
-                      alpha=float(spec.attn_scale))                                                    # [L, Nkv, g, R]
-        probs = g.op("Softmax", [g.op("Add", [scores, ctx.bias], name=f"{scope}/Mask")], name=f"{scope}/Softmax", axis=-1)
-        out = g.op("MatMul", [probs, rings[1]], name=f"{scope}/Attn")                                  # [L, Nkv, g, D]
+    else:
+        q = g.op("Transpose", [g.op("Reshape", [q, g.const([lanes, tokens, nkv, group, d])], name=f"{scope}/GroupQ")],
+                 name=f"{scope}/Qt", perm=[0, 2, 3, 1, 4])                                             # [L, Nkv, g, S, D]
+        q = g.op("Reshape", [q, g.const([lanes, nkv, group * tokens, d])], name=f"{scope}/QRows")     # [L, Nkv, g*S, D]
+
+    def products(keys: str, values: str, bias: str, tag: str) -> str:
+        """softmax(Q . K^T * scale + bias) . V over n ring rows: [L, Nkv, g*S, D]."""
+        if half:
+            keys = g.op("Cast", [keys], name=f"{scope}/RingKFloat{tag}", to=TensorProto.FLOAT)
+            values = g.op("Cast", [values], name=f"{scope}/RingVFloat{tag}", to=TensorProto.FLOAT)
+        # The g query heads of one KV head go through the products as g*S rows of one matrix, so each
+        # (lane, KV head) reads its ring once per product instead of once per query head.
+        scores = g.op("FusedMatMul", [q, keys], name=f"{scope}/Scores{tag}", domain=MS_DOMAIN, transB=1,
+                      alpha=float(spec.attn_scale))                                                    # [L, Nkv, g*S, n]
+        if one:   # decode: no transposes, the bias already 4-D
+            probs = g.op("Softmax", [g.op("Add", [scores, bias], name=f"{scope}/Mask{tag}")], name=f"{scope}/Softmax{tag}",
+                         axis=-1)
+            return g.op("MatMul", [probs, values], name=f"{scope}/Attn{tag}")                          # [L, Nkv, g, D]
+        scores = g.op("Reshape", [scores, g.const([lanes, nkv, group, tokens, -1])], name=f"{scope}/Scores5{tag}")
+        probs = g.op("Softmax", [g.op("Add", [scores, bias], name=f"{scope}/Mask{tag}")], name=f"{scope}/Softmax{tag}",
+                     axis=-1)
+        probs = g.op("Reshape", [probs, g.const([lanes, nkv, group * tokens, -1])], name=f"{scope}/ProbRows{tag}")
+        return g.op("MatMul", [probs, values], name=f"{scope}/Attn{tag}")                              # [L, Nkv, g*S, D]
+
+    if ctx.short is None:
+        out = products(rings[0], rings[1], ctx.bias, "")
+    else:   # only the rows written so far while every lane is short of the limit (module docstring)
+        def first_rows() -> str:
+            cut = [g.op("Slice", [r, g.const([0]), ctx.rows, g.const([2])], name=f"{scope}/Ring{tag}Rows")
+                   for r, tag in zip(rings, "KV")]
+            return products(cut[0], cut[1], ctx.short_bias, "Rows")
+        then = g.branch(f"{scope}/RowsWritten", first_rows, TensorProto.FLOAT)
+        whole = g.branch(f"{scope}/WholeRing", lambda: products(rings[0], rings[1], ctx.bias, "Whole"), TensorProto.FLOAT)
+        out = g.op("If", [ctx.short], name=f"{scope}/ShortRing", then_branch=then, else_branch=whole)
+    if one:
         return g.op("Reshape", [out, g.const([lanes, 1, n * d])], name=f"{scope}/Merge")
-    q = g.op("Transpose", [g.op("Reshape", [q, g.const([lanes, tokens, nkv, group, d])], name=f"{scope}/GroupQ")],
-             name=f"{scope}/Qt", perm=[0, 2, 3, 1, 4])                                                 # [L, Nkv, g, S, D]
-    q = g.op("Reshape", [q, g.const([lanes, nkv, group * tokens, d])], name=f"{scope}/QRows")         # [L, Nkv, g*S, D]
-    scores = g.op("FusedMatMul", [q, rings[0]], name=f"{scope}/Scores", domain=MS_DOMAIN, transB=1,
-                  alpha=float(spec.attn_scale))                                                        # [L, Nkv, g*S, R]
-    scores = g.op("Reshape", [scores, g.const([lanes, nkv, group, tokens, ctx.ring])], name=f"{scope}/Scores5")
-    probs = g.op("Softmax", [g.op("Add", [scores, ctx.bias], name=f"{scope}/Mask")], name=f"{scope}/Softmax", axis=-1)
-    probs = g.op("Reshape", [probs, g.const([lanes, nkv, group * tokens, ctx.ring])], name=f"{scope}/ProbRows")
-    out = g.op("MatMul", [probs, rings[1]], name=f"{scope}/Attn")                                      # [L, Nkv, g*S, D]
     out = g.op("Reshape", [out, g.const([lanes, nkv, group, tokens, d])], name=f"{scope}/Attn5")       # [L, Nkv, g, S, D]
     out = g.op("Transpose", [out], name=f"{scope}/Outt", perm=[0, 3, 1, 2, 4])                         # [L, S, Nkv, g, D]
     return g.op("Reshape", [out, g.const([0, 0, n * d])], name=f"{scope}/Merge")

@@ -7,7 +7,7 @@ op inventory points straight at the module it came from.
 from __future__ import annotations
 
 import numpy as np
-from onnx import ModelProto, helper, numpy_helper
+from onnx import GraphProto, ModelProto, helper, numpy_helper
 
 from calculet.compiler.weights import WeightStore, make_value_info
 
@@ -73,6 +73,17 @@ class GraphBuilder:
             outputs = [f"{name}/output_{i}" for i in range(n_out)]
         self._nodes.append(helper.make_node(op_type, inputs, outputs, name=name, domain=domain or None, **attrs))
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def branch(self, name: str, build, dtype) -> GraphProto:
+        """The nodes `build()` adds, as a subgraph (an If branch) whose one output is the value
+        `build()` returns; its nodes read the enclosing graph's values by name."""
+        outer, self._nodes = self._nodes, []
+        try:
+            value = build()
+            nodes = self._nodes
+        finally:
+            self._nodes = outer
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(value, dtype, None)])
 
     def build(self) -> ModelProto:
         self._check_inputs_used()
