@@ -90,7 +90,7 @@ def checker_copy(model: ModelProto) -> ModelProto:
     del m.graph.initializer[:]
     m.graph.initializer.extend(keep)
     moved = False
-    for node in m.graph.node:
+    for node in all_nodes(m.graph):
         if node.domain in STANDARD_DOMAINS and not onnx.defs.has(node.op_type, node.domain):
             node.domain = UNCHECKED_DOMAIN
             moved = True
@@ -105,6 +105,18 @@ def _shape_text(value_type) -> str:
     if not tt.HasField("shape"):
         return "?"
     return "[" + ",".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim) + "]"
+
+
+def all_nodes(graph):
+    """The graph's nodes and, depth first, those of every subgraph they hold (an If's branches)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from all_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from all_nodes(sub)
 
 
 def known_shapes(model: ModelProto, inferred: ModelProto | None = None) -> dict[str, str]:
@@ -122,7 +134,8 @@ def op_inventory(model: ModelProto, name: str, shapes: dict[str, str] | None = N
     shapes = shapes if shapes is not None else known_shapes(model)
     counts: Counter = Counter()
     families: Counter = Counter()
-    for node in model.graph.node:
+    nodes = list(all_nodes(model.graph))   # If branches included: every op the graph may run
+    for node in nodes:
         counts[(node.domain, node.op_type)] += 1
         signature = tuple(shapes.get(i, "?") if i else "" for i in node.input)
         families[(qualified(node.domain, node.op_type), signature)] += 1
@@ -133,7 +146,7 @@ def op_inventory(model: ModelProto, name: str, shapes: dict[str, str] | None = N
         by_domain[o.domain] += o.count
     return OpInventory(
         graph=name,
-        nodes=len(model.graph.node),
+        nodes=len(nodes),
         standard_nodes=sum(o.count for o in ops if o.standard),
         ops=ops,
         nodes_by_domain=dict(by_domain),
