@@ -24,9 +24,13 @@ PROMPT_LENGTHS = (3, 37, 9, 50, 21, 6)   # 6 requests through 4 lanes; chunks (4
 class Steps(EngineObserver):
     def __init__(self):
         self.steps: list[tuple[int, int]] = []    # (prefill tokens, decode rows)
+        self.held: list[int] = []                 # sequences a burst held at each step (once `engine` is set)
+        self.engine = None
 
     def step(self, prefill_tokens, decode_rows):
         self.steps.append((prefill_tokens, decode_rows))
+        if self.engine is not None:
+            self.held.append(len(self.engine.scheduler.held))
 
 
 @pytest.fixture(scope="module")
@@ -189,6 +193,7 @@ def run_burst(device, config: EngineConfig, observer: EngineObserver) -> list[li
     import queue
 
     engine = Engine(device, TextTokenizer.from_program(device.program), config, observer)
+    observer.engine = engine
     engine.start()
     try:
         ps = prompts(device.program.vocab_size)[:4]
@@ -217,6 +222,7 @@ def test_a_burst_is_prefilled_before_it_decodes_and_equals_alone(device, alone, 
     first_decode = next(i for i, (p, d) in enumerate(steps.steps) if d)
     assert all(p for p, d in steps.steps[:first_decode]) and not any(p for p, d in steps.steps[first_decode:])
     assert steps.steps[first_decode][1] == 4, "the burst does not decode together"
+    assert max(steps.held[:first_decode]) >= 1 and steps.held[first_decode] == 0   # held, then all released
 
 
 @pytest.mark.parametrize("burst", [0, 20])

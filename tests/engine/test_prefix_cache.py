@@ -71,6 +71,17 @@ def test_rewind_limit_is_respected():
     assert (near.lane, near.cached) == (lane, 75)
 
 
+def test_a_lane_whose_ring_never_wrapped_resumes_at_any_prefix():
+    """The bound is for wrapped rings: a lane that held 100 positions (reach 101) with 128-row rings
+    resumes 40 back; with 100-row rings it has wrapped and does not."""
+    for ring, resumed in ((128, True), (100, False)):
+        cache = PrefixCache(make_lanes(count=2), max_rewind=30, ring=ring)
+        lane = finish(cache, PROMPT)                   # holds 100
+        assert cache.lanes.reach(lane) == 101
+        grant = cache.allocate(PROMPT[:60] + (5,) * 10)
+        assert (grant.lane == lane and grant.cached == 60) if resumed else grant.cached == 0
+
+
 def test_short_match_keeps_the_warm_lane_while_a_cold_one_is_free():
     cache = PrefixCache(make_lanes(count=2))
     lane = finish(cache, PROMPT)

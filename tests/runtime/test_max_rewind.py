@@ -65,6 +65,29 @@ def test_a_lane_cut_back_by_max_rewind_continues_like_a_fresh_one(device, extra,
             device.lanes.free(lane)
 
 
+def test_a_lane_whose_ring_never_wrapped_continues_from_any_length(device):
+    """Lanes.reach: a lane whose content covered at most the ring's rows (40 here) still holds every
+    position, so cut back much further than max_rewind it continues like a fresh lane (the prefix
+    cache resumes such lanes anywhere)."""
+    ring = device.program.manifest.kv.ring
+    history, suffix = _ids(30, 5), _ids(30, 6)
+    a, b, c = (device.lanes.allocate() for _ in range(3))
+    try:
+        prefill(device, a, history)                              # 24 + 12-token graphs: 6 rows padded
+        prefill(device, b, _ids(3, 9))
+        device.run(DecodeJob((b,), (5,)), 30)                    # lane a sits out: row 30 is written
+        assert device.lanes.reach(a) == 31 <= ring == 40
+        k = 3
+        assert device.lanes.length(a) - k > device.program.max_rewind
+        device.lanes.rewind(a, k)
+        reused = prefill(device, a, suffix)                      # and on past the ring's 40 rows
+        fresh = prefill(device, c, history[:k] + suffix)
+        assert float(np.abs(reused - fresh).max()) < 1e-4
+    finally:
+        for lane in (a, b, c):
+            device.lanes.free(lane)
+
+
 def test_rewind_past_the_lane_length_is_refused(device):
     lane = device.lanes.allocate()
     try:

@@ -50,7 +50,7 @@ def test_gauges_are_read_when_scraped():
     s = samples(server.render())
     assert not any(k.startswith(("calculet_healthy", "calculet_lanes_in_use")) for k in s)   # no model yet
     assert not any(k.startswith("calculet_device_padding_efficiency") for k in s)   # nothing computed yet
-    state = {"snapshot": EngineSnapshot("ready", 2, 1, 1, 3, 5, 8), "healthy": True}
+    state = {"snapshot": EngineSnapshot("ready", 2, 1, 1, 3, 5, 8, burst_held=2), "healthy": True}
     server.watch("a", lambda: state["snapshot"], lambda: state["healthy"])
     server.for_model("a").job("prefill", PhaseTimings(infer=0.01, computed_tokens=16), useful_tokens=12)
     s = samples(server.render())
@@ -58,6 +58,7 @@ def test_gauges_are_read_when_scraped():
             s['calculet_requests_waiting{model="a"}']) == (1, 2, 1)
     assert (s['calculet_lanes_in_use{model="a"}'], s['calculet_lanes_free{model="a"}'],
             s['calculet_lanes_total{model="a"}']) == (3, 5, 8)
+    assert s['calculet_sequences_burst_held{model="a"}'] == 2
     assert s['calculet_device_padding_efficiency{kind="prefill",model="a"}'] == 0.75
     assert s['calculet_device_phase_seconds_count{kind="prefill",model="a",phase="infer"}'] == 1
     assert s['calculet_device_phase_seconds_count{kind="prefill",model="a",phase="queued"}'] == 1

@@ -104,6 +104,7 @@ class EngineSnapshot:
     lanes_free: int            # warm lanes included: any request may take them
     lanes_total: int
     prefix_cache: PrefixCacheStats = PrefixCacheStats()
+    burst_held: int = 0        # sequences of a burst waiting, after their first token, for the rest of its prefill
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ class Engine:
         self.candidates = device.program.candidates   # K of the on-graph sampling head, 0 without one
         self.budget = StepBudget(self.config.max_prefill_tokens, self.config.step_token_budget,
                                  self.config.burst_prefill_tokens)
-        self.prefix_cache = PrefixCache(device.lanes, self.config.prefix_cache, device.program.max_rewind)
+        self.prefix_cache = PrefixCache(device.lanes, self.config.prefix_cache, device.program.max_rewind,
+                                        device.program.manifest.kv.ring)
         self.scheduler = self._new_scheduler()
         self.pipeline = JobPipeline(device, self.config.in_flight, self.config.job_timeout_s)
         self.state = "ready"
@@ -486,7 +488,7 @@ class Engine:
         free = self.lanes.free_count()
         return EngineSnapshot(self.state, self.scheduler.running_requests(), self.scheduler.waiting_requests(),
                               len(self.scheduler.waiting), self.lanes.count - free, free, self.lanes.count,
-                              self.prefix_cache.stats())
+                              self.prefix_cache.stats(), len(self.scheduler.held))
 
     def _publish(self) -> None:
         snap = self._take_snapshot()

@@ -15,7 +15,9 @@ Only a sequence that finished normally is kept; a cancelled, timed-out or failed
 cold. A device reset (or a fence, which renews the buffers) wipes every warm lane: `clear()` forgets
 them, and `Lanes.epoch` guards a table that was not cleared. `max_rewind` (from `Program.max_rewind`)
 bounds how far back from a warm lane's end its KV may be resumed (window-sized ring buffers keep only
-the last positions of sliding layers); None: any prefix.
+the last positions of sliding layers) once its rings wrapped: a lane whose content never covered more
+than `ring` positions (`Lanes.reach`) still holds every position, so any prefix of it resumes (two
+chats sharing a system prompt); None: any prefix.
 """
 
 from __future__ import annotations
@@ -61,12 +63,13 @@ def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 class PrefixCache:
     """The engine's way to get and give back lanes; with `enabled=False` it only allocates and frees."""
 
-    def __init__(self, lanes: Lanes, enabled: bool = True, max_rewind: int | None = None):
+    def __init__(self, lanes: Lanes, enabled: bool = True, max_rewind: int | None = None, ring: int | None = None):
         if max_rewind is not None and max_rewind < 0:
             raise ValueError(f"max_rewind must be >= 0 or None, got {max_rewind}")
         self.lanes = lanes
         self.enabled = enabled
         self.max_rewind = max_rewind
+        self.ring = ring                 # the rings' rows (None: no rings): lanes that never wrapped resume anywhere
         self._warm: OrderedDict[int, WarmLane] = OrderedDict()   # lane -> entry, least recently used first
         self._lookups = self._hits = self._saved = 0
 
@@ -98,11 +101,14 @@ class PrefixCache:
         best, best_m = None, 0
         for lane, entry in self._warm.items():
             m = min(common_prefix(entry.tokens, tokens), len(tokens) - 1)   # prefill at least one token
-            if self.max_rewind is not None and len(entry.tokens) - m > self.max_rewind:
+            if self.max_rewind is not None and len(entry.tokens) - m > self.max_rewind and not self._unwrapped(lane):
                 continue
             if m > 0 and m >= best_m:
                 best, best_m = lane, m
         return best, best_m
+
+    def _unwrapped(self, lane: int) -> bool:
+        return self.ring is not None and self.lanes.reach(lane) <= self.ring
 
     def release(self, lane: int, tokens: tuple[int, ...] | None) -> None:
         """Give the lane back. `tokens`: what its KV holds, known valid (None: nothing reusable)."""

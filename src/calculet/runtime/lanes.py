@@ -8,6 +8,10 @@ buffers are a `kv_store` store: on the host by default, on the GPU for the CUDA 
 
 A lane freed with `keep=True` stays free but keeps its length and KV (a warm lane, for the engine's
 prefix cache) until `take` hands it out again with a prefix of that KV, or `allocate` empties it.
+`reach(lane)` is the most positions the lane's current content has covered (one more than its
+longest length, for the write a batched decode step makes at a sitting-out lane's next position),
+since it was last emptied: while it is no more than a ring's rows, that ring never wrapped, so the
+lane can be cut back to any length (`Program.max_rewind` bounds only lanes whose rings wrapped).
 `epoch` changes whenever buffers or lengths are wiped wholesale (`renew_buffers`, `reset_all`), so
 a holder of a warm lane can tell its KV is gone.
 """
@@ -29,6 +33,7 @@ class Lanes:
         self.renew_buffers()
         self._in_use = [False] * kv.lanes
         self._length = [0] * kv.lanes
+        self._reach = [0] * kv.lanes
         self._lock = threading.Lock()
 
     def renew_buffers(self) -> None:
@@ -72,7 +77,7 @@ class Lanes:
             for lane, used in enumerate(self._in_use):
                 if not used:
                     self._in_use[lane] = True
-                    self._length[lane] = 0
+                    self._length[lane] = self._reach[lane] = 0
                     return lane
         raise RequestError("no_free_lane", f"all {self.count} lanes are in use; free one or wait (can_allocate() says when)")
 
@@ -86,6 +91,8 @@ class Lanes:
                                    f"{self._length[lane]}, got {keep}")
             self._in_use[lane] = True
             self._length[lane] = keep
+            if keep == 0:
+                self._reach[lane] = 0
 
     def free(self, lane: int, keep: bool = False) -> None:
         """Give the lane back; with `keep` its length and KV stay until it is taken or allocated."""
@@ -93,13 +100,13 @@ class Lanes:
             self._check(lane)
             self._in_use[lane] = False
             if not keep:
-                self._length[lane] = 0
+                self._length[lane] = self._reach[lane] = 0
 
     def clear(self, lane: int) -> None:
         """Forget the lane's tokens (and zero its KV rows) but keep it allocated."""
         with self._lock:
             self._check(lane)
-            self._length[lane] = 0
+            self._length[lane] = self._reach[lane] = 0
         self.store.clear(lane)
 
     def rewind(self, lane: int, length: int) -> None:
@@ -114,6 +121,10 @@ class Lanes:
 
     def length(self, lane: int) -> int:
         return self._length[lane]
+
+    def reach(self, lane: int) -> int:
+        """Positions the lane's current content has covered since it was emptied (see the module doc)."""
+        return self._reach[lane]
 
     def in_use(self, lane: int) -> bool:
         return self._in_use[lane]
@@ -130,12 +141,14 @@ class Lanes:
 
     def advance(self, lane: int, n: int) -> None:
         self._length[lane] += n
+        self._reach[lane] = max(self._reach[lane], self._length[lane] + 1)
 
     def reset_all(self) -> None:
         with self._lock:
             self.epoch += 1
             self._in_use = [False] * self.count
             self._length = [0] * self.count
+            self._reach = [0] * self.count
 
     def _check(self, lane: int) -> None:
         if not 0 <= lane < self.count:

@@ -36,6 +36,8 @@ _SNAPSHOT_GAUGES = (
     ("calculet_lanes_in_use", "KV lanes in use", "lanes_in_use"),
     ("calculet_lanes_free", "KV lanes free", "lanes_free"),
     ("calculet_lanes_total", "KV lanes of the loaded calbin", "lanes_total"),
+    ("calculet_sequences_burst_held", "Sequences of a burst that sent their first token and wait for the rest of "
+     "the burst's prefill (--burst-prefill-tokens)", "burst_held"),
 )
 # counter name (without _total), help, PrefixCacheStats field; read from the engine's snapshot
 _PREFIX_COUNTERS = (
