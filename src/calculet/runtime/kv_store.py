@@ -15,9 +15,27 @@ numpy, on the GPU with device-to-device copies, so the KV never makes a round tr
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from calculet.calbin.manifest import KVLayout
+
+
+def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A zeroed KV buffer whose pages become resident only where written, in 4 KiB pages: NumPy asks
+    for transparent huge pages on large arrays, and then one write makes 2 MiB resident per lane and
+    layer (a lane fills only its first rows of a full-context buffer; a 640-row ring is 640 KiB per
+    lane and layer). Measured on the served default model (context 32,768): the device holds 968 MiB
+    once configured instead of 1,180, and the 8-lane decode step is no slower (4 KiB 32.9 ms vs huge
+    33.2 ms at 200 tokens per lane, 5 alternating rounds)."""
+    dtype = np.dtype(dtype)
+    if not hasattr(mmap, "MADV_NOHUGEPAGE"):
+        return np.zeros(shape, dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    memory = mmap.mmap(-1, max(nbytes, 1))           # anonymous: zero pages until written
+    memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, dtype, count=int(np.prod(shape))).reshape(shape)
 
 
 class HostKV:
@@ -34,7 +52,7 @@ class HostKV:
         for length in sorted(set(layout.layer_lengths), reverse=True):
             layers = tuple(i for i, n in enumerate(layout.layer_lengths) if n == length)
             shape = (len(layers), *layout.layer_shape(layers[0]))
-            keys, values = np.zeros(shape, layout.dtype), np.zeros(shape, layout.dtype)
+            keys, values = _zeros(shape, layout.dtype), _zeros(shape, layout.dtype)
             self.groups.append((layers, keys, values))
             for j, layer in enumerate(layers):
                 self.keys[layer], self.values[layer] = keys[j], values[j]
