@@ -22,12 +22,11 @@ TEXTS = ("The capital of France is", "Write a short poem about the sea. " * 6,
 
 @pytest.fixture(scope="module")
 def exact_calbin(tmp_path_factory):
-    """The serving build with full-context KV for every layer (--no-kv-ring). Why not the ring build:
-    its sliding-window attention (MatMul/Softmax over the ring) is not bitwise batch-invariant as
-    GroupQueryAttention is: in fp32 a lane's logits alone and batched differ by up to 3e-5, which the
-    default policy's int8 activations can turn into a flipped near-tie (measured: prompt 4, step 12,
-    margin 0.09). This test is about the scheduler and the job pipeline, so it uses the build whose
-    batches are exact; tests/compiler/test_kv_ring.py holds the ring's own batched = alone in fp32."""
+    """The serving build with full-context KV for every layer (--no-kv-ring). It was chosen when the
+    ring's products were not bitwise batch-invariant (they are now: tests/compiler/test_kv_ring.py
+    holds batched = alone bit for bit, and tests/server/ runs the ring build under concurrency); this
+    test is about the scheduler and the job pipeline, so it keeps the build whose attention is one
+    kernel (GroupQueryAttention) on every layer."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
