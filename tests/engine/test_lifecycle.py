@@ -138,3 +138,22 @@ def test_end_while_decoding(make_engine, how):
     assert_ended(target, how, 4)                          # the prefill's token and decode steps 1-3 at most
     assert engine.lanes.free_count() == 4
     assert len(solo(engine, ids, 30)) == 30
+
+
+def test_ending_everything_also_ends_requests_still_in_the_inbox(tiny_calbin):
+    """A failed reset (or shutdown) ends every accepted request, also one the engine thread has not
+    taken in yet: accepted while the reset ran, it used to wait for the next retry (a race the fault
+    matrix's failed-reset test hit on a slow machine)."""
+    from calculet.errors import DeviceError
+
+    device = Device()
+    device.configure(device.load(tiny_calbin("llama")))
+    engine = Engine(device, TextTokenizer.from_program(device.program))   # not started: submit() only queues
+    try:
+        call = Call(engine, [5, 6, 7], 4)
+        engine._fail_all(DeviceError("device_unavailable", "the device failed and could not be reset"))
+        tokens, end = call.result()
+        assert isinstance(end, RequestFailed) and end.error.code == "device_unavailable" and not tokens
+        assert not engine._inbox and not engine._live
+    finally:
+        device.close()

@@ -480,6 +480,12 @@ class Engine:
         self._reset_device()
 
     def _fail_all(self, error: CalculetError) -> None:
+        """End every request the engine accepted: running, waiting, and those still in the inbox (accepted
+        while a reset ran, or as shutdown began), which would otherwise wait for a later retry or forever."""
+        with self._cond:
+            accepted, self._inbox = self._inbox, []
+        for state in accepted:
+            self._live[state.id] = state
         for state in list(self._live.values()):
             self._end(state, "error", RequestFailed(error))
 
