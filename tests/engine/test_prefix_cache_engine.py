@@ -119,6 +119,17 @@ def test_multi_turn_history_hits_the_previous_turn(make_engine):
     assert idle_snapshot(engine).prefix_cache.hits == 3
 
 
+def test_a_request_that_ends_at_its_first_token_leaves_its_lane_warm(make_engine):
+    """max_tokens=1 ends on the token its prefill samples, while the sequence is held as a burst of
+    one (nothing decodes): it still ended normally, so its lane stays warm for the next request."""
+    engine = make_engine(prefix_cache=True)
+    prompt = SHARED[:300]
+    run_one(engine, prompt, 1)
+    assert idle_snapshot(engine).prefix_cache.warm == 1
+    _, done = run_one(engine, prompt + SUFFIXES[0], 4)
+    assert done.cached_tokens == len(prompt)
+
+
 def test_batched_equals_alone_with_the_cache_on(make_engine):
     """Prompts sharing a prefix with a warm lane, and with each other, run together: each gets the
     tokens it gets alone on an engine without the cache."""

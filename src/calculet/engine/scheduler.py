@@ -147,7 +147,7 @@ class Scheduler:
     def finish(self, seq: Sequence) -> None:
         """Remove the sequence wherever it is and give its lane back: warm (its KV reusable) when it
         decoded to a normal end, cold when it was cancelled, timed out or failed."""
-        decoded = seq in self.decoding
+        decoded = seq in self.decoding or seq in self.held   # held: prefilled, its first token sent
         for queue in (self.waiting, self.prefilling, self.held, self.decoding):
             if seq in queue:
                 queue.remove(seq)
