@@ -32,10 +32,10 @@ def _zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     if not hasattr(mmap, "MADV_NOHUGEPAGE"):
         return np.zeros(shape, dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
-    memory = mmap.mmap(-1, max(nbytes, 1))           # anonymous: zero pages until written
+    count = int(np.prod(shape))
+    memory = mmap.mmap(-1, max(count * dtype.itemsize, 1))   # anonymous: zero pages until written
     memory.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(memory, dtype, count=int(np.prod(shape))).reshape(shape)
+    return np.frombuffer(memory, dtype, count=count).reshape(shape)
 
 
 class HostKV:
