@@ -107,12 +107,15 @@ def test_a_thousand_tokens_batched_equal_the_same_run_alone(hf_dir, tmp_path_fac
         full.close()
 
 
-def test_a_lanes_ring_logits_are_bit_identical_alone_and_batched(tmp_path_factory):
-    """The ring products run a KV head's query heads as rows of one matrix per lane, the same shapes in
-    the 1-lane and the 4-lane decode graph, so a lane's logits do not depend on the batch at all (the
-    former broadcast product differed by ~1.5e-5 on the default model, which int8 activations could
-    turn into a flipped near-tie). Gemma 3 270M's attention shapes (4 query heads over 1 KV head of
-    256, window 512) on a tiny body; prompts past the window, decoding past the ring."""
+def test_a_lanes_ring_logits_alone_and_batched(tmp_path_factory):
+    """A decode step's ring layers take one of two formulations for the whole graph: GroupQueryAttention
+    reading each lane's rows in place while no lane has wrapped or reached the window, the products
+    over the whole ring otherwise. Within one formulation a lane's logits do not depend on the batch
+    (bit-identical in the 1-lane and the 4-lane graph: the products run a KV head's query heads as rows
+    of one matrix per lane). A short lane beside a wrapped one takes the products: its logits then
+    differ from alone only by float32 rounding, and its greedy tokens are the same. Gemma 3 270M's
+    attention shapes (4 query heads over 1 KV head of 256, window 512) on a tiny body; prompts past the
+    window, decoding past the ring."""
     import tiny_models
     from decoding import prefill
 
@@ -152,11 +155,15 @@ def test_a_lanes_ring_logits_are_bit_identical_alone_and_batched(tmp_path_factor
         def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
             return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
-        # wrapping lanes (600 + 60 > 640 rows) read the whole ring; a lane of 90 alone reads its first
-        # 256 rows, beside a 250-token lane 256 then 384, beside the long lanes all 640
+        # lanes past the window (600, 530, 610: and wrapping, 600 + 60 > 640 rows) take the whole-ring
+        # products, alone or batched; a lane of 90 alone or beside a 250-token lane reads its rows in
+        # place; beside the long lanes it takes the products
         batched = decode({0: 600, 1: 530, 2: 610, 3: 90})
         assert same(decode({0: 600})[0], batched[0])
         short = decode({3: 90})[3]
-        assert same(short, batched[3]) and same(short, decode({0: 250, 3: 90})[3])
+        assert same(short, decode({0: 250, 3: 90})[3])
+        assert [int(np.argmax(r)) for r in short] == [int(np.argmax(r)) for r in batched[3]]
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(short, batched[3]))
+        assert 0 < worst < 1e-5, worst   # different formulations, float32 rounding apart
     finally:
         device.close()
