@@ -55,6 +55,6 @@ def test_manifest_describes_default_model(default_calbin):
     assert (hp.num_layers, hp.hidden_size, hp.vocab_size, hp.sliding_window) == (18, 640, 262144, 512)
     assert hp.layer_types.count("full") == 3
     assert m.tokenizer.vocab_size == 262144 and m.tokenizer.bos_token_id == 2 and 1 in m.tokenizer.eos_token_ids
-    assert [g.name for g in m.graphs] == ["prefill_16", "prefill_128", "decode_1", "decode_8", "head_1", "head_8"]
+    assert [g.name for g in m.graphs] == ["prefill_16", "prefill_64", "prefill_128", "decode_1", "decode_8", "head_1", "head_8"]
     assert m.quantization.policy == "default" and "sampling-head" in m.passes
     assert m.golden is not None and m.golden.prompts >= 6

@@ -43,13 +43,13 @@ class LLMOptions:
     full_hash: bool = False                    # verify every file's SHA-256 before loading
     lanes: int | None = None                   # compile: lanes (default 8)
     context: int | None = None                 # compile: context (default: the trained context within the memory budget)
-    prefill_chunks: tuple[int, ...] | None = None   # compile: chunk sizes (default 16, 128)
+    prefill_chunks: tuple[int, ...] | None = None   # compile: chunk sizes (default 16, 64, 128)
     weights: str | None = None                 # compile: weight policy (default "auto": by the CPU's ISA)
     chips: int | None = None                   # compile: split over this many chips (needs partition)
     partition: str | None = None               # compile: "pp", "tp" or "ep" (calbin/partition.py)
     kv_dtype: str | None = None                # compile: KV cache dtype, "fp32" (default) or "fp16"
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
-    step_token_budget: int = 64                # engine: decode rows + prompt tokens per step while decoding; 0: none
+    step_token_budget: int = 72                # engine: decode rows + prompt tokens per step while decoding; 0: none
     burst_prefill_tokens: int = 2048           # engine: a burst is prefilled before it decodes (0: off)
     in_flight: int = 2                         # engine: device jobs in flight, 1 (immediate wait) or 2 (ping/pong)
     max_queue: int | None = None               # engine: waiting sequences; None = no limit

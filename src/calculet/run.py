@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--full-hash", action="store_true", help="verify every file's SHA-256 before loading")
     p.add_argument("--lanes", type=int, default=None, help="when compiling a source: lanes (default 8)")
     p.add_argument("--context", type=int, default=None, help="when compiling a source: context (default: what the model was trained for, within the memory budget)")
-    p.add_argument("--prefill-chunks", default=None, help="when compiling a source: chunk sizes (default 16,128)")
+    p.add_argument("--prefill-chunks", default=None, help="when compiling a source: chunk sizes (default 16,64,128)")
     p.add_argument("--chips", type=int, default=None,
                    help="when compiling a source: split it over this many chips (with --partition); a calbin "
                         "compiled with --chips runs on as many chips, sharing the cores")

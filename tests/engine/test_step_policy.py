@@ -41,9 +41,9 @@ def test_bad_budgets_say_the_allowed_range(kwargs, message):
 
 
 def test_default_fits_a_full_decode_batch_of_the_default_model():
-    """The default leaves room for three 16-token chunks beside the default calbin's 8 lanes."""
-    assert StepBudget().chunk_sizes((16, 128), 8) == (16,) and StepBudget().prefill_slice(8) // 16 == 3
-    assert DEFAULT_STEP_TOKEN_BUDGET == 64
+    """The default leaves room for one 64-token chunk beside the default calbin's 8 lanes."""
+    assert StepBudget().chunk_sizes((16, 64, 128), 8) == (16, 64) and StepBudget().prefill_slice(8) == 64
+    assert DEFAULT_STEP_TOKEN_BUDGET == 72
 
 
 def test_a_burst_holds_while_its_prefill_left_is_within_the_limit():

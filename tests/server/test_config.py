@@ -41,4 +41,4 @@ def test_engine_defaults_are_the_flags_defaults():
 
     engine = EngineConfig()
     for config in (ServerConfig().engine_config(), LLMOptions().engine_config()):
-        assert (config.step_token_budget, config.in_flight) == (engine.step_token_budget, engine.in_flight) == (64, 2)
+        assert (config.step_token_budget, config.in_flight) == (engine.step_token_budget, engine.in_flight) == (72, 2)

@@ -1,4 +1,4 @@
-"""`calculet compile [SOURCE] -o OUT.calbin --lanes B --context C --prefill-chunks 16,128`."""
+"""`calculet compile [SOURCE] -o OUT.calbin --lanes B --context C --prefill-chunks 16,64,128`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-memory", default="auto", metavar="SIZE|auto",
                    help="KV budget for all lanes, e.g. 4GiB: picks the context when --context is not given and refuses "
                         "a --context that does not fit; auto = available memory less the weights and a 2 GiB margin")
-    p.add_argument("--prefill-chunks", default="16,128", help="comma-separated prefill chunk sizes")
+    p.add_argument("--prefill-chunks", default="16,64,128", help="comma-separated prefill chunk sizes (default 16,64,128)")
     p.add_argument("--target", default="cpu",
                    help="cpu (ONNX Runtime contrib ops: fused attention with in-place KV, int8 kernels) or "
                         "portable (standard ONNX ops only, for NPU execution providers; --weights fp32, fp16 or int8)")

@@ -29,7 +29,7 @@ MAX_CHIPS = 8
 class CompileOptions:
     lanes: int = 8
     context: int | None = None   # None: what the model was trained for, within the KV budget (compiler/context_choice.py)
-    prefill_chunks: tuple[int, ...] = (16, 128)
+    prefill_chunks: tuple[int, ...] = (16, 64, 128)
     target: str = "cpu"
     weights: str = "auto"        # a WEIGHT_POLICIES name, or auto: chosen by the CPU's ISA at compile (isa_policy.py)
     block_size: int = 32

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_STEP_TOKEN_BUDGET = 64   # 8 decode rows + 56 prompt tokens (three 16-token chunks on the default calbin)
+DEFAULT_STEP_TOKEN_BUDGET = 72   # 8 decode rows + 64 prompt tokens (one 64-token chunk on the default calbin)
 DEFAULT_BURST_PREFILL_TOKENS = 2048   # 8 lanes x 256-token prompts; about 1.5 s of prefill on 2 cores
 
 

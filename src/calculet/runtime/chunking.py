@@ -7,7 +7,9 @@ The plan minimises tokens computed plus a fixed per-call overhead.
 
 from __future__ import annotations
 
-CALL_OVERHEAD_TOKENS = 8  # measured on the default model (no spinning): prefill_16 ~ 20 ms, prefill_128 ~ 115 ms -> ~7 tokens
+# Measured on the default model (served calbin, 2 cores, medians of 7): prefill_16 ~31 ms, prefill_64 ~86 ms,
+# prefill_128 ~159 ms -> ~1.14 ms per token plus ~13 ms per call, about 12 tokens.
+CALL_OVERHEAD_TOKENS = 12
 
 
 def graph_for(n: int, start: int, chunk_sizes: tuple[int, ...], context: int) -> int | None:

@@ -19,7 +19,7 @@ class ServerConfig:
     api_key: str | None = None
     max_queue: int = 128
     max_prefill_tokens: int = 512          # prompt tokens prefilled per engine step
-    step_token_budget: int = 64            # decode rows + prompt tokens per step while sequences decode; 0: none
+    step_token_budget: int = 72            # decode rows + prompt tokens per step while sequences decode; 0: none
                                            # (= engine.step_policy.DEFAULT_STEP_TOKEN_BUDGET)
     burst_prefill_tokens: int = 2048       # a burst is prefilled before it decodes while at most this much is left; 0: off
     in_flight: int = 2                     # device jobs in flight: 1 (immediate wait) or 2 (ping/pong)

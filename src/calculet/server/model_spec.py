@@ -11,7 +11,7 @@ whose name is derived), from `--models models.toml`, or from an admin load reque
     chat_template = "gemma"        # built-in name or Jinja file
     max_queue = 128                # its own waiting queue
     max_prefill_tokens = 512
-    step_token_budget = 64         # decode rows + prompt tokens per step while decoding (0: none)
+    step_token_budget = 72         # decode rows + prompt tokens per step while decoding (0: none)
     burst_prefill_tokens = 2048    # a burst is prefilled before it decodes while at most this much is left (0: off)
     in_flight = 2                  # device jobs in flight: 1 or 2 (ping/pong)
     request_timeout = 30.0         # seconds
@@ -47,7 +47,7 @@ class ModelSpec:
     chat_template: str | None = None
     max_queue: int = 128
     max_prefill_tokens: int = 512
-    step_token_budget: int = 64        # = engine.step_policy.DEFAULT_STEP_TOKEN_BUDGET
+    step_token_budget: int = 72        # = engine.step_policy.DEFAULT_STEP_TOKEN_BUDGET
     burst_prefill_tokens: int = 2048   # = engine.step_policy.DEFAULT_BURST_PREFILL_TOKENS
     in_flight: int = 2
     request_timeout_s: float | None = None
