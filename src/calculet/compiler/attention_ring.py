@@ -24,7 +24,7 @@ saves, so the products read the whole ring in place. The rows past a lane's leng
 either way (exact zeros in the softmax), so a lane's logits do not depend on which branch ran or on
 how many rows it read (bit-identical).
 
-Decode steps (float32 ring, `_decode_attention`): GroupQueryAttention does the write, given each
+Decode steps (float32 ring): GroupQueryAttention does the write, given each
 lane's ring row p mod R as its seqlens_k, and its attention (rows 0..p of each lane, in place) is the
 layer's while every lane of the graph is below min(window, R); otherwise the products read the whole
 ring. A short lane batched with a wrapped one therefore differs from alone by float32 rounding
@@ -79,7 +79,7 @@ def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, ring: int, pre
                  name=f"{s}/StartCol")                                                             # [L, 1]
     positions = g.op("Add", [start, g.const(np.arange(tokens)[None, :])], name=f"{s}/Positions")   # [L, S]
     slot = g.op("Mod", [positions, g.const(ring)], name=f"{s}/Slot")                              # [L, S]
-    gqa = tokens == 1 and kv_dtype == "float32"   # decode: GroupQueryAttention writes the ring (_decode_attention)
+    gqa = tokens == 1 and kv_dtype == "float32"   # decode: GroupQueryAttention writes the ring (attention)
     index = None if gqa else _scatter_index(g, s, slot, lanes, nkv, tokens)
     real = None
     if prefill:
@@ -143,20 +143,32 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
             return g.op("Reshape", [x, g.const([lanes, nkv, 1, d])], name=f"{scope}/{nm}Heads")
         return g.op("Transpose", [g.op("Reshape", [x, g.const([0, 0, nkv, d])], name=f"{scope}/{nm}Heads")],
                     name=f"{scope}/{nm}t", perm=[0, 2, 1, 3])
-    if one and ctx.write_rows is not None:
-        return _decode_attention(g, spec, layer, q, k, v, ctx, scope)
-    new_k, new_v = heads(k, "NewK"), heads(v, "NewV")
     half = ctx.kv_dtype != "float32"   # a float16 ring: this step's K/V cast on write, the ring on read
-    if half:
-        to = helper.np_dtype_to_tensor_dtype(np.dtype(ctx.kv_dtype))
-        new_k = g.op("Cast", [new_k], name=f"{scope}/NewKCast", to=to)
-        new_v = g.op("Cast", [new_v], name=f"{scope}/NewVCast", to=to)
-    rings = []
-    for new, past, present, tag in ((new_k, past_k, present_k, "K"), (new_v, past_v, present_v, "V")):
-        if ctx.real is not None:   # padding writes back the rows it would overwrite
-            old = g.op("GatherND", [past, ctx.index], name=f"{scope}/Old{tag}")                       # [L, Nkv, S, D]
-            new = g.op("Where", [ctx.real, new, old], name=f"{scope}/Keep{tag}")
-        rings.append(g.op("ScatterND", [past, ctx.index, new], name=f"{scope}/Write{tag}", outputs=[present]))
+    causal = None
+    if one and ctx.write_rows is not None:
+        # Decode, float32 ring: GroupQueryAttention with the ring as its in-place buffer writes each
+        # lane's new K/V at row seqlens_k, so it is given the ring row (position mod R): that is the
+        # ring's write. Its attention reads rows 0..seqlens_k of each lane in place, exactly the ring's
+        # visible set while no lane has wrapped or reached the window (`unwrapped`); otherwise the
+        # products below read the whole ring after the write. Against copying the rows written so far
+        # (the prefill path), each lane's rows are read once, only up to its own length: 8 lanes at
+        # 260 positions, one layer, 0.28 ms against 0.57 (ONNX Runtime 1.32, this project's 2-core EPYC).
+        causal, *rings = g.op("GroupQueryAttention", [q, k, v, past_k, past_v, ctx.write_rows, ctx.write_total],
+                              name=f"{scope}/RingWrite", outputs=[f"{scope}/ring_attn", present_k, present_v],
+                              domain=MS_DOMAIN, num_heads=n, kv_num_heads=nkv, scale=float(spec.attn_scale),
+                              do_rotary=0)                                                           # [L, 1, N*D]
+    else:
+        new_k, new_v = heads(k, "NewK"), heads(v, "NewV")
+        if half:
+            to = helper.np_dtype_to_tensor_dtype(np.dtype(ctx.kv_dtype))
+            new_k = g.op("Cast", [new_k], name=f"{scope}/NewKCast", to=to)
+            new_v = g.op("Cast", [new_v], name=f"{scope}/NewVCast", to=to)
+        rings = []
+        for new, past, present, tag in ((new_k, past_k, present_k, "K"), (new_v, past_v, present_v, "V")):
+            if ctx.real is not None:   # padding writes back the rows it would overwrite
+                old = g.op("GatherND", [past, ctx.index], name=f"{scope}/Old{tag}")                   # [L, Nkv, S, D]
+                new = g.op("Where", [ctx.real, new, old], name=f"{scope}/Keep{tag}")
+            rings.append(g.op("ScatterND", [past, ctx.index, new], name=f"{scope}/Write{tag}", outputs=[present]))
     if one:
         q = g.op("Reshape", [q, g.const([lanes, nkv, group, d])], name=f"{scope}/QRows")            # [L, Nkv, g, D]
     else:
@@ -183,6 +195,12 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
         probs = g.op("Reshape", [probs, g.const([lanes, nkv, group * tokens, -1])], name=f"{scope}/ProbRows{tag}")
         return g.op("MatMul", [probs, values], name=f"{scope}/Attn{tag}")                              # [L, Nkv, g*S, D]
 
+    if causal is not None:   # decode: the in-place causal attention, or the whole ring once one wrapped
+        then = g.branch(f"{scope}/Causal", lambda: g.op("Identity", [causal], name=f"{scope}/CausalOut"), TensorProto.FLOAT)
+        whole = g.branch(f"{scope}/WholeRing", lambda: g.op("Reshape", [products(rings[0], rings[1], ctx.bias, "Whole"),
+                                                                       g.const([lanes, 1, n * d])], name=f"{scope}/Merge"),
+                         TensorProto.FLOAT)
+        return g.op("If", [ctx.unwrapped], name=f"{scope}/ShortRing", then_branch=then, else_branch=whole)
     if ctx.short is None:
         out = products(rings[0], rings[1], ctx.bias, "")
     else:   # only the rows written so far while every lane is short of the limit (module docstring)
@@ -199,34 +217,3 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
     out = g.op("Transpose", [out], name=f"{scope}/Outt", perm=[0, 3, 1, 2, 4])                         # [L, S, Nkv, g, D]
     return g.op("Reshape", [out, g.const([0, 0, n * d])], name=f"{scope}/Merge")
 
-
-def _decode_attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, ctx: RingContext, scope: str) -> str:
-    """A decode step's ring layer (float32 ring): q/k already rotated, [L, 1, N*D] out.
-
-    GroupQueryAttention with the ring as its in-place buffer writes each lane's new K/V at row
-    seqlens_k, so it is given the ring row (position mod R) instead of the position: that is the
-    ring's write. Its attention reads rows 0..seqlens_k of each lane in place, which is exactly the
-    ring's visible set while no lane has wrapped or reached the window (`unwrapped`): then its output
-    is the layer's. Otherwise the products read the whole ring after the write, masked as in
-    `attention`. Against copying the rows written so far and multiplying (the prefill path), this
-    reads each lane's rows once, only up to its own length: 8 lanes at 260 positions, one layer,
-    0.28 ms against 0.57 (ONNX Runtime 1.32, this project's 2-core EPYC).
-    """
-    n, nkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    group, lanes = n // nkv, ctx.lanes
-    past_k, past_v, present_k, present_v = kv_names(layer)
-    out = g.op("GroupQueryAttention", [q, k, v, past_k, past_v, ctx.write_rows, ctx.write_total],
-               name=f"{scope}/RingWrite", outputs=[f"{scope}/ring_attn", present_k, present_v], domain=MS_DOMAIN,
-               num_heads=n, kv_num_heads=nkv, scale=float(spec.attn_scale), do_rotary=0)
-    causal = out[0]                                                                                   # [L, 1, N*D]
-
-    def whole() -> str:
-        rows = g.op("Reshape", [q, g.const([lanes, nkv, group, d])], name=f"{scope}/QRows")           # [L, Nkv, g, D]
-        scores = g.op("FusedMatMul", [rows, present_k], name=f"{scope}/Scores", domain=MS_DOMAIN, transB=1,
-                      alpha=float(spec.attn_scale))                                                   # [L, Nkv, g, R]
-        probs = g.op("Softmax", [g.op("Add", [scores, ctx.bias], name=f"{scope}/Mask")], name=f"{scope}/Softmax", axis=-1)
-        attn = g.op("MatMul", [probs, present_v], name=f"{scope}/Attn")                               # [L, Nkv, g, D]
-        return g.op("Reshape", [attn, g.const([lanes, 1, n * d])], name=f"{scope}/Merge")
-    then = g.branch(f"{scope}/Causal", lambda: g.op("Identity", [causal], name=f"{scope}/CausalOut"), TensorProto.FLOAT)
-    other = g.branch(f"{scope}/WholeRing", whole, TensorProto.FLOAT)
-    return g.op("If", [ctx.unwrapped], name=f"{scope}/ShortRing", then_branch=then, else_branch=other)
