@@ -27,6 +27,7 @@ from calculet.engine.engine import EngineConfig
 from calculet.engine.local import UNBOUNDED_QUEUE, LocalEngine, RequestStream
 from calculet.engine.outputs import RequestOutput
 from calculet.engine.params import SamplingParams
+from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET
 from calculet.errors import RequestError
 
 log = logging.getLogger("calculet.llm")
@@ -49,8 +50,8 @@ class LLMOptions:
     partition: str | None = None               # compile: "pp", "tp" or "ep" (calbin/partition.py)
     kv_dtype: str | None = None                # compile: KV cache dtype, "fp32" (default) or "fp16"
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
-    step_token_budget: int = 72                # engine: decode rows + prompt tokens per step while decoding; 0: none
-    burst_prefill_tokens: int = 2048           # engine: a burst is prefilled before it decodes (0: off)
+    step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET   # engine: decode rows + prompt tokens per step while decoding; 0: none
+    burst_prefill_tokens: int = DEFAULT_BURST_PREFILL_TOKENS   # engine: a burst is prefilled before it decodes (0: off)
     in_flight: int = 2                         # engine: device jobs in flight, 1 (immediate wait) or 2 (ping/pong)
     max_queue: int | None = None               # engine: waiting sequences; None = no limit
     request_timeout_s: float | None = None     # engine: per-request time limit; None = none

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET
 from calculet.errors import RequestError
 
 if TYPE_CHECKING:  # the engine is imported when used, so `calculet serve --help` reads these defaults fast
@@ -19,9 +20,8 @@ class ServerConfig:
     api_key: str | None = None
     max_queue: int = 128
     max_prefill_tokens: int = 512          # prompt tokens prefilled per engine step
-    step_token_budget: int = 72            # decode rows + prompt tokens per step while sequences decode; 0: none
-                                           # (= engine.step_policy.DEFAULT_STEP_TOKEN_BUDGET)
-    burst_prefill_tokens: int = 2048       # a burst is prefilled before it decodes while at most this much is left; 0: off
+    step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET   # decode rows + prompt tokens per step while sequences decode; 0: none
+    burst_prefill_tokens: int = DEFAULT_BURST_PREFILL_TOKENS   # a burst is prefilled before it decodes while at most this much is left; 0: off
     in_flight: int = 2                     # device jobs in flight: 1 (immediate wait) or 2 (ping/pong)
     request_timeout_s: float | None = None
     served_model_name: str | None = None

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from calculet.calbin.partition import PARTITIONS
+from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET
 from calculet.errors import RequestError
 
 if TYPE_CHECKING:
@@ -47,8 +48,8 @@ class ModelSpec:
     chat_template: str | None = None
     max_queue: int = 128
     max_prefill_tokens: int = 512
-    step_token_budget: int = 72        # = engine.step_policy.DEFAULT_STEP_TOKEN_BUDGET
-    burst_prefill_tokens: int = 2048   # = engine.step_policy.DEFAULT_BURST_PREFILL_TOKENS
+    step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET
+    burst_prefill_tokens: int = DEFAULT_BURST_PREFILL_TOKENS
     in_flight: int = 2
     request_timeout_s: float | None = None
     job_timeout_s: float = 600.0
