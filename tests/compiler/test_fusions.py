@@ -91,6 +91,28 @@ def test_coarse_head_rescoring_equals_the_int8_head(tiny_model_dir, tmp_path):
     assert np.abs(a_logits[top] - b_logits[top]).max() < 1e-4  # exact where it matters
 
 
+def test_several_row_coarse_head_leaves_rows_unscaled_with_their_scales(tiny_model_dir, tmp_path):
+    """The several-row coarse head skips rescaling [R, V] every step: it outputs the unscaled int8
+    product and each row's scale (`logits_scale` [R, 1]). Scaled, a row is the int8 head's logits up to
+    the coarse copy's rounding; unscaled it is not (the scale is the row's max |hidden| / 127)."""
+    import onnxruntime as ort
+
+    on = _compile(tiny_model_dir("qwen3"), tmp_path, FUSIONS, weights="int8")
+    off = _compile(tiny_model_dir("qwen3"), tmp_path, set(FUSIONS) - {"coarse-head"}, weights="int8")
+    ops = _ops(on, "head_2")
+    assert "Mul" not in ops and ops["MatMulIntegerToFloat"] == 1
+    assert "logits_scale" not in [o.name for o in onnx.load(str(on / "graphs" / "head_1.onnx")).graph.output]
+    coarse = ort.InferenceSession(str(on / "graphs" / "head_2.onnx"), providers=["CPUExecutionProvider"])
+    exact = ort.InferenceSession(str(off / "graphs" / "head_2.onnx"), providers=["CPUExecutionProvider"])
+    hidden = np.random.default_rng(11).standard_normal((2, coarse.get_inputs()[0].shape[1])).astype(np.float32) * 3
+    logits, scale = coarse.run(["logits", "logits_scale"], {"hidden": hidden})
+    want = exact.run(["logits"], {"hidden": hidden})[0]
+    assert scale.shape == (2, 1) and np.allclose(scale[:, 0], np.abs(hidden).max(axis=1) / 127)
+    spread = np.abs(want).max()
+    assert np.abs(logits * scale - want).max() < 0.05 * spread
+    assert np.abs(logits - want).max() > 0.5 * spread
+
+
 def test_several_row_coarse_head_picks_each_rows_candidates_alone(tiny_model_dir, tmp_path):
     """Guards a batched != alone bug: the several-row coarse head quantized all rows with one scale,
     so one lane's outlier activations coarsened its neighbours' candidates (on the default model an

@@ -217,8 +217,9 @@ def test_candidates_only_skips_the_row_copy(device):
 
 
 def test_coarse_head_rows_carry_the_exact_candidates(tiny_calbin):
-    """A coarse head's graph leaves coarse logits; the rows the runtime hands out hold the exact
-    (int8-rescored) value at every candidate id, so the row's top tokens are the candidates'."""
+    """A coarse head's graph leaves coarse logits (a several-row head leaves them unscaled, with its
+    row scales); the rows the runtime hands out hold the exact (int8-rescored) value at every
+    candidate id and the scaled coarse values elsewhere, so the row's top tokens are the candidates'."""
     d = Device()
     d.configure(d.load(tiny_calbin("qwen3", weights="int8")))
     try:
@@ -233,6 +234,8 @@ def test_coarse_head_rows_carry_the_exact_candidates(tiny_calbin):
         ids, values = r.topk_ids[row], r.topk_values[row]
         assert np.array_equal(r.logits[row][ids], values)
         assert ids[0] == int(np.argmax(r.logits[row]))
+        rest = np.delete(r.logits[row], ids)   # coarse, scaled: below the K-th exact value, not far below
+        assert rest.max() <= values[-1] + 0.05 * np.abs(values).max() and rest.max() > values[-1] - np.abs(values).max()
 
 
 def test_fault_specs_parse():

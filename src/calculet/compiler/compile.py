@@ -139,7 +139,8 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         log(f"KV: {kv.dtype} buffers, {kv.bytes_per_lane / 2**20:.1f} MiB per lane")
     signatures = G.entry_points(spec, profile.lanes, profile.context, profile.prefill_chunks,
                                 options.decode_lanes, options.sampling_head_k, in_place, options.expert_stats,
-                                kv.layer_lengths, kv.dtype)
+                                kv.layer_lengths, kv.dtype,
+                                G.has_row_scaled_heads(weights, options.target, options.sampling_head_k))
     builds = None
     if options.chips > 1:  # per-chip graphs, written with their weights after the base manifest exists
         builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile, source, family)

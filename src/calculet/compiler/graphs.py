@@ -89,10 +89,14 @@ def stage_signature(spec: ModelSpec, logical: GraphSpec, lengths: tuple[int, ...
     return _body_signature(spec, logical.name, logical.type, logical.lanes, logical.tokens, lengths, True, False, stage)
 
 
-def _head_signature(spec: ModelSpec, rows: int, topk: int) -> GraphSpec:
+def _head_signature(spec: ModelSpec, rows: int, topk: int, row_scaled: bool = False) -> GraphSpec:
+    """`row_scaled`: the head leaves `logits` unscaled per row and outputs the scales as `logits_scale`
+    [rows, 1] (a multi-row coarse head: see _build_coarse_head); the runtime multiplies a fetched row."""
     outputs = [TensorSpec("logits", (rows, spec.vocab_size), "float32")]
     if topk:
         outputs += [TensorSpec("topk_values", (rows, topk), "float32"), TensorSpec("topk_ids", (rows, topk), "int64")]
+    if row_scaled:
+        outputs.append(TensorSpec("logits_scale", (rows, 1), "float32"))
     return GraphSpec(f"head_{rows}", HEAD, rows, 1, (TensorSpec("hidden", (rows, spec.hidden_size), "float32"),),
                      tuple(outputs))
 
@@ -100,17 +104,26 @@ def _head_signature(spec: ModelSpec, rows: int, topk: int) -> GraphSpec:
 def entry_points(spec: ModelSpec, lanes: int, context: int, prefill_chunks: tuple[int, ...],
                  decode_lanes: tuple[int, ...] = (), topk: int = 0, in_place: bool = True,
                  expert_stats: bool = False, kv_lengths: tuple[int, ...] | None = None,
-                 kv_dtype: str = "float32") -> list[GraphSpec]:
+                 kv_dtype: str = "float32", row_scaled_heads: bool = False) -> list[GraphSpec]:
     """`kv_lengths`: each layer's KV buffer rows (the KV layout's); None: the context for every layer.
-    `kv_dtype`: the KV buffers' numpy dtype name (the KV layout's)."""
+    `kv_dtype`: the KV buffers' numpy dtype name (the KV layout's). `row_scaled_heads`: the heads of
+    more than one row are coarse heads with per-row scales (`has_row_scaled_heads`)."""
     lengths = tuple(kv_lengths) if kv_lengths is not None else (context,) * spec.num_layers
     decode_sizes = sorted(set(decode_lanes) | {lanes})
     graphs = [_body_signature(spec, f"prefill_{s}", PREFILL, 1, s, lengths, in_place, expert_stats, kv_dtype=kv_dtype)
               for s in sorted(prefill_chunks)]
     graphs += [_body_signature(spec, f"decode_{n}", DECODE, n, 1, lengths, in_place, expert_stats, kv_dtype=kv_dtype)
                for n in decode_sizes]
-    graphs += [_head_signature(spec, n, topk) for n in sorted(set(decode_sizes) | {1})]
+    graphs += [_head_signature(spec, n, topk, row_scaled_heads and n > 1) for n in sorted(set(decode_sizes) | {1})]
     return graphs
+
+
+def has_row_scaled_heads(weights: WeightStore, target: str, topk: int) -> bool:
+    """Whether the multi-row heads _build_head makes are int8 coarse heads with per-row activation
+    scales (and so output `logits_scale`): the cpu target, a sampling head, and the coarse-head pass's
+    int8 copy of the lm_head in the store."""
+    return target == "cpu" and topk > 0 and "lm_head.coarse8.weight" in weights and \
+        weights.quant("lm_head.coarse") is not None
 
 
 def add_rope_tables(spec: ModelSpec, context: int, weights: WeightStore) -> dict:
@@ -214,7 +227,7 @@ def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, st
     head = lm_head_name(spec, g.weights)
     topk = next((t.shape[1] for t in gs.outputs if t.name == "topk_ids"), 0)
     if topk and g.weights.quant("lm_head.coarse") is not None and g.target == "cpu":
-        return _build_coarse_head(g, head, topk, gs.lanes)
+        return _build_coarse_head(g, head, topk, gs.lanes, any(t.name == "logits_scale" for t in gs.outputs))
     if g.weights.quant(head) is not None:
         logits = layers.linear(g, "hidden", head, "/lm_head")                                  # [R, V]
     elif layers.is_half(g, head):
@@ -229,8 +242,9 @@ def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, st
     return out
 
 
-def _per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scope: str) -> str:
-    """x [R, H] . W [H, V] with x quantized per row (symmetric, uint8 around 128) and W int8 per column.
+def _per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scope: str) -> tuple[str, str]:
+    """x [R, H] . W [H, V] with x quantized per row (symmetric, uint8 around 128) and W int8 per column,
+    as (product [R, V], row scales [R, 1]): the product times the row scales is x . W.
 
     Every row gets its own scale, so a row's result never depends on the other rows of the batch
     (DynamicQuantizeMatMul's one scale per tensor let one lane's outlier activations coarsen its
@@ -244,10 +258,10 @@ def _per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, sco
     product = g.op("MatMulIntegerToFloat", [codes, g.weight(f"{weight}.weight"), g.const(1.0, np.float32),
                                             g.weight(f"{weight}.scale"), g.const(128, np.uint8)],
                    name=f"{scope}/MatMulIntegerToFloat", domain="com.microsoft")                   # [R, V]
-    return g.op("Mul", [product, scale], name=f"{scope}/RowRescale")
+    return product, scale
 
 
-def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int) -> dict[str, str]:
+def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, row_scaled: bool) -> dict[str, str]:
     """Coarse-then-exact lm_head (the "coarse-head" pass):
 
         coarse = hidden . Wc^T                      [R, V]   R = 1: int4 blocks (half the bytes);
@@ -261,11 +275,19 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int) -> di
 
     The graph leaves the coarse values in `logits`: a full row is only fetched when the host samples
     from it, and the runtime then writes the K exact values in at their ids (see Device._fetch), so
-    no step pays a [R, V] scatter and copy for rows that only need their candidates.
+    no step pays a [R, V] scatter and copy for rows that only need their candidates. The R > 1 head
+    leaves them unscaled too: a row's scale is positive, so TopK picks the same candidates from the
+    unscaled product, and the runtime multiplies a fetched row by `logits_scale` [R, 1] (the same
+    float32 product a Mul here would make) instead of every step rescaling [R, V] in the graph.
     """
     q = g.weights.quant(head)
+    extra = {}
     if rows_n > 1 and "lm_head.coarse8.weight" in g.weights:
-        coarse = _per_row_int8_product(g, "hidden", "lm_head.coarse8", rows_n, "/lm_head/coarse")  # [R, V]
+        coarse, scale = _per_row_int8_product(g, "hidden", "lm_head.coarse8", rows_n, "/lm_head/coarse")  # [R, V], [R, 1]
+        if row_scaled:
+            extra["logits_scale"] = scale
+        else:   # a signature without logits_scale: the graph rescales the rows itself
+            coarse = g.op("Mul", [coarse, scale], name="/lm_head/coarse/RowRescale")
     else:
         coarse = layers.linear(g, "hidden", "lm_head.coarse", "/lm_head/coarse")                  # [R, V]
     _, cand = g.op("TopK", [coarse, g.const([topk])], name="/lm_head/candidates/TopK", n_out=2, axis=-1,
@@ -279,4 +301,4 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int) -> di
     values, order = g.op("TopK", [exact, g.const([topk])], name="/sampling_head/TopK", n_out=2, axis=-1,
                          largest=1, sorted=1)
     ids = g.op("GatherElements", [cand, order], name="/sampling_head/Ids", axis=1)
-    return {"logits": coarse, "topk_values": values, "topk_ids": ids}
+    return {"logits": coarse, "topk_values": values, "topk_ids": ids, **extra}

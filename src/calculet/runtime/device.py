@@ -385,13 +385,16 @@ class Device:
         """Copy this job's rows out of the head's output buffers (the next job reuses them).
 
         With a sampling head, full rows are copied only when asked for, and the head's exact candidate
-        values are written into them: a coarse head leaves coarse values in its logits output."""
+        values are written into them: a coarse head leaves coarse values in its logits output (and a
+        multi-row one leaves them unscaled, with the row scales in `logits_scale`)."""
         out = head.outputs
         topk_ids = out["topk_ids"][rows] if "topk_ids" in out else None
         topk_values = out["topk_values"][rows] if "topk_values" in out else None
         logits = None
         if full_logits or topk_ids is None:
             logits = out["logits"][rows]
+            if "logits_scale" in out:
+                logits *= out["logits_scale"][rows]
             if topk_ids is not None:
                 np.put_along_axis(logits, topk_ids, topk_values, axis=1)
         fetch = time.perf_counter() - t_done

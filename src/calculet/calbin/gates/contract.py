@@ -32,7 +32,8 @@ DTYPE = Rule("C.dtype", "dtypes agree: KV tensors use the KV dtype; ids int64, s
 RULES = (GRAPH_IO, LANES, CONTEXT, CONTEXT_TRAINED, PREFILL_CHUNKS, GRAPH_TYPE, KV_SHAPE, HIDDEN, DTYPE) + contract_vocab.RULES + contract_moe.RULES
 
 FIXED_DTYPES = {"input_ids": "int64", "seqlens_k": "int32", "total_seq_len": "int32", "last_index": "int64",
-                "hidden": "float32", "logits": "float32", "topk_values": "float32", "topk_ids": "int64"}
+                "hidden": "float32", "logits": "float32", "topk_values": "float32", "topk_ids": "int64",
+                "logits_scale": "float32"}
 MAX_LAYERS = 4096  # above this a manifest is not describing a real model; stop before building huge name sets
 
 

@@ -72,6 +72,9 @@ def _vocab_problems(ctx: GateContext, vocab_ids: set[int] | None) -> list[str]:
             shape = _shape(g, topk)
             if shape is not None and not (len(shape) == 2 and 1 <= shape[1] <= vocab):
                 problems.append(f"graph {name!r}: {topk} {shape} must be [rows, K] with K in 1..{vocab}")
+        scale = _shape(g, "logits_scale")   # a head's per-row factor for its unscaled logits
+        if scale is not None and (g.type != HEAD or scale != [logits[0], 1]):
+            problems.append(f"graph {name!r}: logits_scale {scale} must be a head's [rows, 1] = [{logits[0]}, 1]")
     if declared > vocab:
         problems.append(f"the manifest's tokenizer has {declared} tokens, more than the model's vocab_size {vocab}")
     if vocab_ids is not None:
