@@ -29,6 +29,7 @@ from onnx import ModelProto
 from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, GraphSpec, TensorSpec, kv_names
 from calculet.compiler import attention_portable, attention_ring, decoder, layers
 from calculet.compiler.builder import GraphBuilder
+from calculet.compiler.topk import top_k
 from calculet.compiler.weights import WeightStore
 from calculet.models.base import ModelSpec, lm_head_name
 
@@ -227,7 +228,8 @@ def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, st
     head = lm_head_name(spec, g.weights)
     topk = next((t.shape[1] for t in gs.outputs if t.name == "topk_ids"), 0)
     if topk and g.weights.quant("lm_head.coarse") is not None and g.target == "cpu":
-        return _build_coarse_head(g, head, topk, gs.lanes, any(t.name == "logits_scale" for t in gs.outputs))
+        return _build_coarse_head(g, head, topk, gs.lanes, spec.vocab_size,
+                                  any(t.name == "logits_scale" for t in gs.outputs))
     if g.weights.quant(head) is not None:
         logits = layers.linear(g, "hidden", head, "/lm_head")                                  # [R, V]
     elif layers.is_half(g, head):
@@ -236,8 +238,7 @@ def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, st
         logits = g.op("Gemm", ["hidden", g.weight(head)], name="/lm_head/Gemm", transB=1)      # [R, V]
     out = {"logits": logits}
     if topk:  # sampling head: the host fetches K candidates per row instead of the whole vocabulary
-        values, ids = g.op("TopK", [logits, g.const([topk])], name="/sampling_head/TopK", n_out=2, axis=-1,
-                           largest=1, sorted=1)
+        values, ids = top_k(g, logits, gs.lanes, spec.vocab_size, topk, "/sampling_head")
         out.update(topk_values=values, topk_ids=ids)
     return out
 
@@ -261,13 +262,14 @@ def _per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, sco
     return product, scale
 
 
-def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, row_scaled: bool) -> dict[str, str]:
+def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, vocab: int,
+                       row_scaled: bool) -> dict[str, str]:
     """Coarse-then-exact lm_head (the "coarse-head" pass):
 
         coarse = hidden . Wc^T                      [R, V]   R = 1: int4 blocks (half the bytes);
                                                              R > 1: int8 per column, rows quantized
                                                              one by one (a faster GEMM)
-        cand   = TopK(coarse, K)                    [R, K]
+        cand   = TopK(coarse, K)                    [R, K]   two levels on a wide vocabulary (compiler/topk.py)
         rows   = GatherBlockQuantized(W8, cand)     [R, K, H] exact int8 rows, dequantized
         exact  = rows . hidden                      [R, K]
         topk_values/ids = exact sorted              [R, K]
@@ -290,8 +292,7 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, row_s
             coarse = g.op("Mul", [coarse, scale], name="/lm_head/coarse/RowRescale")
     else:
         coarse = layers.linear(g, "hidden", "lm_head.coarse", "/lm_head/coarse")                  # [R, V]
-    _, cand = g.op("TopK", [coarse, g.const([topk])], name="/lm_head/candidates/TopK", n_out=2, axis=-1,
-                   largest=1, sorted=1)                                                          # [R, K]
+    _, cand = top_k(g, coarse, rows_n, vocab, topk, "/lm_head/candidates")                      # [R, K]
     rows = g.op("GatherBlockQuantized", [g.weight(f"{head}.gather_codes"), cand, g.weight(f"{head}.qscales")],
                 name="/lm_head/rescore/GatherBlockQuantized", domain="com.microsoft", bits=q.bits,
                 block_size=q.block, gather_axis=0, quantize_axis=1)                             # [R, K, H]
