@@ -216,4 +216,3 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
     out = g.op("Reshape", [out, g.const([lanes, nkv, group, tokens, d])], name=f"{scope}/Attn5")       # [L, Nkv, g, S, D]
     out = g.op("Transpose", [out], name=f"{scope}/Outt", perm=[0, 3, 1, 2, 4])                         # [L, S, Nkv, g, D]
     return g.op("Reshape", [out, g.const([0, 0, n * d])], name=f"{scope}/Merge")
-

@@ -284,12 +284,9 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, vocab
     """
     q = g.weights.quant(head)
     extra = {}
-    if rows_n > 1 and "lm_head.coarse8.weight" in g.weights:
-        coarse, scale = _per_row_int8_product(g, "hidden", "lm_head.coarse8", rows_n, "/lm_head/coarse")  # [R, V], [R, 1]
-        if row_scaled:
-            extra["logits_scale"] = scale
-        else:   # a signature without logits_scale: the graph rescales the rows itself
-            coarse = g.op("Mul", [coarse, scale], name="/lm_head/coarse/RowRescale")
+    if row_scaled:   # the signature says so: has_row_scaled_heads (R > 1 and the int8 copy stored)
+        coarse, extra["logits_scale"] = _per_row_int8_product(g, "hidden", "lm_head.coarse8", rows_n,
+                                                              "/lm_head/coarse")                  # [R, V], [R, 1]
     else:
         coarse = layers.linear(g, "hidden", "lm_head.coarse", "/lm_head/coarse")                  # [R, V]
     _, cand = top_k(g, coarse, rows_n, vocab, topk, "/lm_head/candidates")                      # [R, K]
