@@ -5,6 +5,7 @@
                    others still decode (the case where a prefill stalls every decoding sequence)
     open           open-loop Poisson arrivals near llama-server's saturation rate (a fraction of its
                    8-stream request rate, measured in round 1's `streams`), goodput under an SLO
+                   and the share of requests that met it (which bounds the goodput ratio)
     long           1,000- and 4,000-token prompts one at a time, 16 output tokens: prefill tokens/s
                    (a second pair of servers with a context that holds them)
 
@@ -45,6 +46,18 @@ TTFT_P50 = Metric("TTFT p50 s", _p("ttft", "p50"), False)
 ITL_P99 = Metric("ITL p99 s", _p("itl", "p99"), False)
 TPOT_P50 = Metric("TPOT p50 s", _p("tpot", "p50"), False)
 GOODPUT = Metric("goodput req/s", lambda s: s.goodput, True)
+
+
+def _slo_met(s):
+    """The share of the scenario's requests that met every SLO limit. Goodput is that share times the
+    request rate over the window, and the window is at least the arrivals' span, so at an offered rate
+    r no server's goodput exceeds about r: the goodput ratio B/A is at most about 1 / (A's share)."""
+    if s.good is None or not s.requests:
+        return None
+    return s.good / s.requests
+
+
+SLO_MET = Metric("SLO met share", _slo_met, True)
 PREFILL_TPS = Metric("prefill tok/s", _prefill_tps, True)
 
 
@@ -74,7 +87,7 @@ def build_scenarios(names: list[str], args, open_rate: float | None = None) -> l
         elif name == "open":
             settings = {"load": "poisson", "rate": open_rate, "prompt_tokens": args.prompt_tokens,
                         "output_tokens": args.output_tokens, "requests": args.open_requests, "slo": args.open_slo}
-            out.append(Scenario(name, "main", settings, (GOODPUT, OUTPUT_TPS, TTFT_P50, ITL_P99)))
+            out.append(Scenario(name, "main", settings, (GOODPUT, SLO_MET, OUTPUT_TPS, TTFT_P50, ITL_P99)))
         elif name == "long":
             out.append(Scenario(name, "long", {"concurrency": 1, "prompt_tokens": args.long_prompt_tokens,
                                                "output_tokens": args.long_output_tokens, "requests": args.long_requests},

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "vs_llamacpp"))
 from rounds import collect, median_and_worst, rounds_json, rounds_markdown  # noqa: E402
-from scenarios import OUTPUT_TPS, PREFILL_TPS, TTFT_P50, saturation_rate  # noqa: E402
+from scenarios import GOODPUT, OUTPUT_TPS, PREFILL_TPS, SLO_MET, TTFT_P50, saturation_rate  # noqa: E402
 
 
 def _s(tps, ttft, prompt=1000.0, load="closed", rate=1.0):
@@ -54,3 +54,14 @@ def test_saturation_rate_takes_the_best_closed_loop():
     assert saturation_rate([_s(1, 1, rate=0.5), _s(1, 1, rate=2.0), _s(1, 1, load="poisson", rate=9.0)], 128, 0.9) == 1.8
     with pytest.raises(RuntimeError, match="--open-rate"):
         saturation_rate([], 128, 0.9)
+
+
+def test_slo_met_share_shows_the_goodput_ceiling():
+    """At one offered rate a server that meets every SLO has a goodput near that rate: against a peer
+    that met 3 of 4, the goodput ratio stays near 4/3 however fast the first server is."""
+    peer = SimpleNamespace(good=18, requests=24, goodput=18 / 45.0)
+    ours = SimpleNamespace(good=24, requests=24, goodput=24 / 42.0)
+    assert SLO_MET.read(peer) == pytest.approx(0.75) and SLO_MET.read(ours) == 1.0
+    assert GOODPUT.read(ours) / GOODPUT.read(peer) < 1 / SLO_MET.read(peer) * 45 / 42 + 1e-9
+    assert SLO_MET.read(SimpleNamespace(good=None, requests=24)) is None
+    assert SLO_MET.read(SimpleNamespace(good=0, requests=0)) is None
