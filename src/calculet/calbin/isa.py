@@ -113,6 +113,10 @@ def load_warnings(manifest, now: CpuFeatures) -> list[str]:
         if manifest.target == "cpu" and isa.choice.requested == AUTO and here != isa.choice.chosen:
             out.append(f"`--weights auto` would choose {here!r} on this CPU ({now.label}); this calbin holds "
                        f"{isa.choice.chosen!r}: recompile on this machine for its fastest policy")
+    if "prefill-int8" in manifest.passes and now.int8_dot is None:
+        out.append(f"this calbin's prefill chunks use per-token u8 x s8 GEMMs (the prefill-int8 pass), built on a CPU "
+                   f"with an int8 dot product; this one ({now.label}) has none, so ONNX Runtime's kernel may saturate "
+                   "16-bit pair sums and prefill logits may drift: recompile on this machine (the pass then stays off)")
     slow = slow_8bit_tensors(manifest)
     if manifest.target == "cpu" and slow:
         out.append(f"{slow} weight(s) use {SLOW_8BIT}; recompile with --weights default (the same int8 "

@@ -53,6 +53,11 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-dtype", default="fp32", choices=("fp32", "fp16", "bf16", "int8"),
                    help="KV cache dtype: fp32, or fp16 (half the KV bytes; cpu and portable targets); bf16 and int8 "
                         "are refused with the reason (see docs/ARCHITECTURE.md)")
+    p.add_argument("--prefill-int8-outliers", type=int, default=32, metavar="K",
+                   help="the prefill-int8 pass: prefill chunks run the projections that read a norm (qkv, gate/up) as a "
+                        "per-token int8 GEMM, keeping the K input channels with the largest activations (calibrated on "
+                        "a probe build) in float32; decode keeps the block kernels. Needs a CPU with VNNI or AMX, one "
+                        "chip, --target cpu; off by itself elsewhere (default 32; 0: off)")
     p.set_defaults(func=run)
 
 
@@ -73,6 +78,7 @@ def run(args) -> int:
                              fusions=parse_fusions(args.fuse, args.no_fuse), expert_stats=args.expert_stats,
                              probes=args.probes, quant=parse_quant(args.quant, args.block_size),
                              kv_rings=not args.no_kv_ring, kv_memory=parse_kv_memory(args.kv_memory),
-                             chips=args.chips, partition=args.partition, kv_dtype=args.kv_dtype)
+                             chips=args.chips, partition=args.partition, kv_dtype=args.kv_dtype,
+                             prefill_int8_outliers=args.prefill_int8_outliers)
     compile_calbin(args.source, args.output, options)
     return 0

@@ -22,6 +22,7 @@ from calculet.calbin.manifest import (SCHEMA_VERSION, FileEntry, GoldenInfo, Man
                                       sha256_file, write_manifest)
 from calculet.compiler import decoder
 from calculet.compiler import graphs as G
+from calculet.compiler import prefill_int8
 from calculet.calbin.isa import SLOW_8BIT, IsaInfo
 from calculet.compiler.isa_policy import resolve_weights, uses_slow_8bit
 from calculet.compiler.context_choice import resolve_context
@@ -84,6 +85,10 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     options, choice = resolve_weights(options, cpu)   # `auto` becomes a named policy, chosen by this CPU's ISA
     if choice.requested != choice.chosen:
         log(f"--weights auto -> {choice.chosen}: {choice.reason} (CPU: {cpu.label})")
+    unfit = prefill_int8.applicable(options, cpu)
+    if options.prefill_int8_outliers and unfit:
+        log(f"prefill-int8 pass off: {unfit}")
+        options = replace(options, prefill_int8_outliers=0)
     if options.target == "cpu" and uses_slow_8bit(options):
         log(f"warning: this build uses {SLOW_8BIT}. It is a numerics reference (weight-only error without activation "
             "quantization), not for serving: use --weights default (the same int8 weights, int8 compute)")
@@ -123,6 +128,12 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         check_layers(options.quant, spec.num_layers)
         quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions, options.quant)
     rope = G.add_rope_tables(spec, profile.context, weights)
+    if options.prefill_int8_outliers and not prefill_int8.projections(spec, weights):
+        options = replace(options, prefill_int8_outliers=0)   # no int8 qkv or gate/up projection to run that way
+    if options.prefill_int8_outliers:   # calibrated on a probe build of the same source (compiler/prefill_int8.py)
+        outliers = prefill_int8.calibrate(source_arg, options, spec, weights,
+                                          tok.bos_token_id if tok.add_bos_token else None, source.tokenizer_json, log)
+        prefill_int8.add_weights(weights, quant_record, outliers)
     check_stored(weight_plan(spec, options), weights, quant_record)  # `calculet plan` lists the same bytes
     if options.chips == 1:  # a partitioned calbin stores each chip's share under chips/<c>/ instead
         with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
@@ -175,7 +186,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         golden=golden,
         toolchain=Toolchain(*(versions[k] for k in ("calculet", "onnx", "onnxruntime", "numpy", "python"))),
         files={},
-        passes=tuple(sorted(options.fusions)),
+        passes=tuple(sorted(options.fusions)) + (("prefill-int8",) if options.prefill_int8_outliers else ()),
         provenance=provenance(source.kind, source.path, source_arg, options, versions),
         isa=isa,
     )

@@ -29,6 +29,7 @@ from onnx import ModelProto
 from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, GraphSpec, TensorSpec, kv_names
 from calculet.compiler import attention_portable, attention_ring, decoder, layers
 from calculet.compiler.builder import GraphBuilder
+from calculet.compiler.prefill_int8 import per_row_int8_product
 from calculet.compiler.topk import top_k
 from calculet.compiler.weights import WeightStore
 from calculet.models.base import ModelSpec, lm_head_name
@@ -151,6 +152,8 @@ def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
     """The graph of `gs`. With `probes` (a debug build), bodies also output every module's result
     as `probe:<HF module name>` [L, S, width], in execution order (see `probe_outputs`)."""
     g = GraphBuilder(gs.name, weights, target, fusions, probes=probes and gs.type != HEAD)
+    if gs.type == PREFILL:   # decode keeps the block kernels: measured no faster with the int8 rows
+        g.prefill_shape = (gs.lanes, gs.tokens)
     for t in gs.inputs:
         g.input(t.name, np.dtype(t.dtype), t.shape)
     if gs.type == HEAD:
@@ -243,25 +246,6 @@ def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, st
     return out
 
 
-def _per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scope: str) -> tuple[str, str]:
-    """x [R, H] . W [H, V] with x quantized per row (symmetric, uint8 around 128) and W int8 per column,
-    as (product [R, V], row scales [R, 1]): the product times the row scales is x . W.
-
-    Every row gets its own scale, so a row's result never depends on the other rows of the batch
-    (DynamicQuantizeMatMul's one scale per tensor let one lane's outlier activations coarsen its
-    neighbours' candidates: the 8-row head then missed tokens the 1-row head found)."""
-    peak = g.op("ReduceMax", [g.op("Abs", [x], name=f"{scope}/Abs"), g.const([1])], name=f"{scope}/RowMax",
-                keepdims=1)                                                                        # [R, 1]
-    scale = g.op("Div", [g.op("Max", [peak, g.const(1e-30, np.float32)], name=f"{scope}/Floor"),
-                         g.const(127.0, np.float32)], name=f"{scope}/RowScale")                    # [R, 1]
-    codes = g.op("QuantizeLinear", [x, g.op("Reshape", [scale, g.const([rows_n])], name=f"{scope}/Scales"),
-                                    g.const(np.full(rows_n, 128), np.uint8)], name=f"{scope}/QuantizeRows", axis=0)
-    product = g.op("MatMulIntegerToFloat", [codes, g.weight(f"{weight}.weight"), g.const(1.0, np.float32),
-                                            g.weight(f"{weight}.scale"), g.const(128, np.uint8)],
-                   name=f"{scope}/MatMulIntegerToFloat", domain="com.microsoft")                   # [R, V]
-    return product, scale
-
-
 def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, vocab: int,
                        row_scaled: bool) -> dict[str, str]:
     """Coarse-then-exact lm_head (the "coarse-head" pass):
@@ -285,7 +269,7 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, vocab
     q = g.weights.quant(head)
     extra = {}
     if row_scaled:   # the signature says so: has_row_scaled_heads (R > 1 and the int8 copy stored)
-        coarse, extra["logits_scale"] = _per_row_int8_product(g, "hidden", "lm_head.coarse8", rows_n,
+        coarse, extra["logits_scale"] = per_row_int8_product(g, "hidden", "lm_head.coarse8", rows_n,
                                                               "/lm_head/coarse")                  # [R, V], [R, 1]
     else:
         coarse = layers.linear(g, "hidden", "lm_head.coarse", "/lm_head/coarse")                  # [R, V]

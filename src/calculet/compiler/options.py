@@ -23,6 +23,8 @@ PORTABLE_POLICIES = ("fp32", "fp16", "int8")
 FUSIONS = ("sampling-head", "skip-norm", "qkv", "gate-up", "coarse-head")
 SAMPLING_HEAD_K = 64
 MAX_CHIPS = 8
+MAX_PREFILL_INT8_OUTLIERS = 256
+PREFILL_INT8_OUTLIERS = 32   # the default: float32 channels per projection (compiler/prefill_int8.py)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class CompileOptions:
     kv_memory: int | None = None # KV budget in bytes for choosing (or checking) the context; None: auto
     kv_rings: bool = True        # sliding-window layers keep a ring of window + largest chunk rows (compiler/kv_layout.py)
     kv_dtype: str = "fp32"       # --kv-dtype: a KV_DTYPE_OPTIONS name (kv_layout.kv_dtype_problem: which runs where)
+    prefill_int8_outliers: int = PREFILL_INT8_OUTLIERS  # the prefill-int8 pass (compiler/prefill_int8.py): float32 input channels per projection; 0: off
 
     @property
     def kv_numpy_dtype(self) -> str:
@@ -58,7 +61,7 @@ class CompileOptions:
 
         fields = asdict(self)
         fields["fusions"] = sorted(self.fusions)
-        if self.weights == "auto":  # the choice depends on the CPU: a cache shared by two CPUs keeps both
+        if self.weights == "auto" or self.prefill_int8_outliers:  # the CPU decides: a cache shared by two CPUs keeps both
             from calculet.cpu_features import detect
 
             fields["cpu_features"] = list(detect().flags)
@@ -112,6 +115,9 @@ class CompileOptions:
         if self.kv_dtype != "fp32" and self.chips > 1:
             raise RequestError("bad_option", f"--kv-dtype {self.kv_dtype} is built for one chip; --chips {self.chips} "
                                              "keeps fp32 KV (the partitioned chip graphs declare float32 buffers)")
+        if not 0 <= self.prefill_int8_outliers <= MAX_PREFILL_INT8_OUTLIERS:
+            raise RequestError("bad_option", f"--prefill-int8-outliers must be in 0..{MAX_PREFILL_INT8_OUTLIERS} "
+                                             f"(0: off), got {self.prefill_int8_outliers}")
         unknown = set(self.fusions) - set(FUSIONS)
         if unknown:
             raise RequestError("bad_option", f"unknown fusion {sorted(unknown)}; known: {', '.join(FUSIONS)}")

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from calculet.compiler.isa_policy import concrete_policy   # `auto`: the policy compile picks on this CPU
+from calculet.compiler import prefill_int8
+from calculet.compiler.prefill_int8 import outlier_count
+from calculet.cpu_features import detect
 from calculet.compiler.quantize import COARSE_BLOCKS, FP32, QuantFormat, policy_table
 from calculet.compiler.weights import ALIGN
 from calculet.errors import RequestError
@@ -65,7 +68,7 @@ class StoredTensor:
         sizes = array_bytes(fmt, self.shape)
         if fmt.kind in FLOAT_BYTES:
             names = (self.name,)
-        elif self.name == "lm_head.coarse8":  # int8 [H, V] and one scale per vocabulary row
+        elif self.name == "lm_head.coarse8" or self.name.endswith(".rows8"):  # int8 [in, out], a scale per output
             names = (f"{self.name}.weight", f"{self.name}.scale")
         else:
             names = (f"{self.name}.qcodes", f"{self.name}.qscales")
@@ -126,6 +129,8 @@ def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
     if "coarse-head" in options.fusions:
         tensors += _coarse_head(spec, tensors)
     tensors += _rope_tables(spec, options.context)
+    if prefill_int8.applicable(options, detect()) is None:   # as compile resolves it on this CPU
+        tensors += _prefill_int8(tensors, outlier_count(options.prefill_int8_outliers, spec.hidden_size))
     for t in tensors:
         if t.fmt.kind in ("int8", "int4") and t.shape[1] % t.fmt.block:
             raise RequestError("bad_option", f"K={t.shape[1]} is not a multiple of the block size {t.fmt.block}; "
@@ -221,6 +226,18 @@ def _coarse_head(spec: ModelSpec, tensors: list[StoredTensor]) -> list[StoredTen
     rows = Split(0, (("vocab", v),))
     return [StoredTensor("lm_head.coarse", "lm_head", (v, h), QuantFormat("int4", block, "int8"), COPY, rows),
             StoredTensor("lm_head.coarse8", "lm_head", (v, h), QuantFormat("int8", h, "int8"), COPY, rows)]
+
+
+def _prefill_int8(tensors: list[StoredTensor], k: int) -> list[StoredTensor]:
+    """prefill_int8.add_weights: each packed int8 qkv and gate/up projection gets per-column int8 codes
+    [in, out] with scales, and its k float32 outlier input rows [k, out] (one chip: no split)."""
+    out = []
+    for t in tensors:
+        if t.fmt.kind == "int8" and t.name.endswith((".self_attn.qkv_proj.weight", ".mlp.gate_up_proj.weight")):
+            n, h = t.shape
+            out += [StoredTensor(f"{t.name}.rows8", t.module, (n, h), QuantFormat("int8", h, "int8"), COPY),
+                    StoredTensor(f"{t.name}.outliers.weight", t.module, (k, n), FP32, COPY)]
+    return out
 
 
 def _rope_tables(spec: ModelSpec, context: int) -> list[StoredTensor]:

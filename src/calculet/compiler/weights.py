@@ -61,6 +61,7 @@ class WeightStore:
         self._entries: dict[str, TensorEntry] = {}
         self._quant: dict[str, QuantInfo] = {}
         self._size = 0
+        self.inline: dict[str, np.ndarray] = {}   # small arrays graphs embed as constants (not in weights.bin)
 
     def add(self, name: str, array: np.ndarray) -> None:
         if name in self._arrays:

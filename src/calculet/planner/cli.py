@@ -34,6 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", default="32", help="int8/int4 block size (default 32)")
     p.add_argument("--no-fuse", action="append", metavar="NAME",
                    help="as compile --no-fuse (coarse-head changes the stored bytes)")
+    p.add_argument("--prefill-int8-outliers", default=None, metavar="K",
+                   help="as compile --prefill-int8-outliers (0: off; on a CPU with VNNI the pass stores per-column int8 "
+                        "copies of qkv and gate/up; default: compile's)")
     p.add_argument("--chips", default="1", help="tensor-parallel chips (default 1)")
     p.add_argument("--device-memory", default=None, metavar="SIZE",
                    help="memory per chip, e.g. 32GiB (required)")
@@ -80,6 +83,8 @@ def _run(args: argparse.Namespace) -> int:
         prefill_chunk=_integer(args.prefill_chunk, "--prefill-chunk"),
         guard_fraction=_percent(args.guard, "--guard"),
         fusions=parse_fusions(None, args.no_fuse),
+        **({} if args.prefill_int8_outliers is None else
+           {"prefill_int8_outliers": _integer(args.prefill_int8_outliers, "--prefill-int8-outliers", minimum=0)}),
     )
     model = load_model(args.source)
     if args.context is None:
@@ -99,13 +104,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if report.fit.fits else 1
 
 
-def _integer(text: str, flag: str) -> int:
+def _integer(text: str, flag: str, minimum: int = 1) -> int:
     try:
         value = int(str(text).replace("_", "").replace(",", ""))
     except ValueError:
         raise RequestError("bad_argument", f"{flag} must be a whole number, got {text!r}") from None
-    if value <= 0:
-        raise RequestError("bad_argument", f"{flag} must be at least 1, got {value}")
+    if value < minimum:
+        raise RequestError("bad_argument", f"{flag} must be at least {minimum}, got {value}")
     return value
 
 

@@ -1,0 +1,155 @@
+"""The prefill-int8 pass: prefill chunks run qkv and gate/up as a per-token int8 GEMM with calibrated
+float32 outlier channels, decode keeps the block kernels, and the pass stays off where it cannot run.
+
+The structure is checked on any CPU (CALCULET_CPU_FEATURES simulates one with VNNI); the numbers only
+where this CPU has an int8 dot product, since without one ONNX Runtime's u8 x s8 kernel may saturate
+(the reason the pass needs VNNI)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from calculet.calbin.isa import load_warnings
+from calculet.calbin.manifest import read_manifest
+from calculet.compiler import prefill_int8
+from calculet.compiler.builder import GraphBuilder
+from calculet.compiler.compile import compile_calbin
+from calculet.compiler.options import CompileOptions
+from calculet.compiler.quantize import QuantFormat, quantize
+from calculet.compiler.weights import QuantInfo, WeightStore
+from calculet.cpu_features import ENV, CpuFeatures, detect
+from calculet.engine.sampler import SamplerConfig
+from calculet.engine.tokenizer import TextTokenizer
+from calculet.runtime.device import Device
+from decoding import generate_one
+
+VNNI_FLAGS = "avx2,fma,f16c,avx512f,avx512_vnni"
+AVX2 = CpuFeatures(("avx2", "fma", "f16c"), "test", "x86_64")
+REAL_INT8_DOT = detect().int8_dot is not None
+needs_int8_dot = pytest.mark.skipif(not REAL_INT8_DOT, reason="numbers need a CPU with VNNI or AMX (u8 x s8 without "
+                                                                 "them may saturate: the pass is off there)")
+
+
+def _ops(path, graph):
+    model = onnx.load(str(path / "graphs" / f"{graph}.onnx"), load_external_data=False)
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def _compile(model_dir, out, k, **kw):
+    options = CompileOptions(lanes=2, context=64, prefill_chunks=(4, 16), golden=False, weights="default",
+                             prefill_int8_outliers=k, **kw)
+    return compile_calbin(str(model_dir), out, options, log=lambda _m: None)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_prefill_graphs_take_the_int8_gemm_and_decode_keeps_the_blocks(arch, tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, VNNI_FLAGS)
+    path = _compile(tiny_model_dir(arch), tmp_path / "on.calbin", 32)
+    m = read_manifest(path)
+    spec = m.model.hyperparameters
+    layers = spec.num_layers
+    assert "prefill-int8" in m.passes
+    for graph in ("prefill_4", "prefill_16"):
+        ops = _ops(path, graph)
+        assert ops["MatMulIntegerToFloat"] == 2 * layers, ops     # qkv and gate/up of every layer
+        assert ops["MatMulNBits"] == 2 * layers, ops              # o_proj and down_proj keep the block kernel
+    for graph in ("decode_1", "decode_2"):
+        ops = _ops(path, graph)
+        assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 4 * layers, ops
+    k = prefill_int8.outlier_count(32, spec.hidden_size)
+    fmt = m.quantization.tensors["model.layers.0.self_attn.qkv_proj.weight.rows8"]
+    assert fmt.kind == "int8" and fmt.compute == "int8" and f"{k} input channels in float32" in fmt.role
+    names = {t.name: t for t in m.weights.tensors}
+    assert names["model.layers.0.mlp.gate_up_proj.weight.outliers.weight"].shape[0] == k
+    assert names["model.layers.0.mlp.gate_up_proj.weight.rows8.weight"].dtype == "int8"
+
+
+def test_the_pass_stays_off_where_it_cannot_run(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, "avx2,fma,f16c")
+    logs = []
+    path = compile_calbin(str(tiny_model_dir("llama")), tmp_path / "avx2.calbin",
+                          CompileOptions(lanes=2, context=64, prefill_chunks=(4, 16), golden=False, weights="default",
+                                         prefill_int8_outliers=32), log=logs.append)
+    assert "prefill-int8" not in read_manifest(path).passes
+    assert _ops(path, "prefill_16")["MatMulIntegerToFloat"] == 0
+    assert any("prefill-int8 pass off" in line and "int8 dot product" in line for line in logs)
+    vnni = CpuFeatures(tuple(VNNI_FLAGS.split(",")), "test", "x86_64")
+    assert "portable" in prefill_int8.applicable(CompileOptions(target="portable", weights="int8",
+                                                                prefill_int8_outliers=8), vnni)
+    assert prefill_int8.applicable(CompileOptions(prefill_int8_outliers=0), vnni).startswith("off")
+    assert prefill_int8.applicable(CompileOptions(prefill_int8_outliers=8), vnni) is None
+    with pytest.raises(Exception, match="prefill-int8-outliers"):
+        CompileOptions(prefill_int8_outliers=-1)
+
+
+def test_loading_on_a_cpu_without_int8_dot_warns(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, VNNI_FLAGS)
+    m = read_manifest(_compile(tiny_model_dir("llama"), tmp_path / "on.calbin", 8))
+    assert any("prefill-int8" in w and "saturate" in w for w in load_warnings(m, AVX2))
+    assert not any("prefill-int8" in w for w in load_warnings(m, CpuFeatures(tuple(VNNI_FLAGS.split(",")), "t", "x86_64")))
+
+
+def _store_with(w: np.ndarray, name: str) -> WeightStore:
+    """A store holding `w` [out, in] as the default policy's int8 blocks, like store_weights."""
+    fmt = QuantFormat("int8", 32, "int8")
+    put = quantize(w, fmt)
+    store = WeightStore()
+    store.add_quantized(name, QuantInfo(8, 32, w.shape[0], w.shape[1], fmt.accuracy_level), put.codes, put.scales)
+    return store
+
+
+@needs_int8_dot
+def test_outlier_channels_keep_the_product_close_where_per_token_scales_alone_do_not():
+    """x with a few huge channels (Gemma's residual stream): per-token int8 alone loses the small ones;
+    with those channels in float32 the product is within the int8 rounding of the exact one."""
+    rng = np.random.default_rng(0)
+    k_in, n_out, rows, name = 128, 96, 16, "model.layers.0.self_attn.qkv_proj.weight"
+    w = rng.standard_normal((n_out, k_in)).astype(np.float32) * 0.05
+    x = rng.standard_normal((1, rows, k_in)).astype(np.float32)
+    hot = np.array([3, 50, 101])
+    x[..., hot] *= 300.0
+    exact = None
+    errors = {}
+    for k, ids in ((3, hot), (0, np.zeros(0, np.int64))):
+        store = _store_with(w, name)
+        exact = ((store.array(f"{name}.qcodes").astype(np.float32) - 128) * store.array(f"{name}.qscales")[:, :, None]
+                 ).reshape(n_out, k_in)
+        record = {name: {"module": "attention"}}
+        prefill_int8.add_weights(store, record, {name: np.asarray(ids, np.int64)})
+        g = GraphBuilder("t", store)
+        g.input("x", np.dtype(np.float32), (1, rows, k_in))
+        g.output(prefill_int8.linear(g, "x", name, 1, rows, "/t"), "y", np.dtype(np.float32), (1, rows, n_out))
+        model = g.build()
+        for init in model.graph.initializer:   # the test inlines the external weights
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                arr = store.array(init.name)
+                init.CopyFrom(onnx.numpy_helper.from_array(arr, init.name))
+        y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        errors[k] = float(np.abs(y - x @ exact.T).max() / np.abs(x @ exact.T).max())
+    assert errors[3] < 0.01, errors
+    assert errors[0] > 5 * errors[3], errors
+
+
+@needs_int8_dot
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_same_greedy_tokens_as_the_block_kernels(arch, tiny_model_dir, tmp_path):
+    prompt = np.random.default_rng(5).integers(3, 300, size=21).tolist()
+    results = []
+    for k in (0, 32):
+        path = _compile(tiny_model_dir(arch), tmp_path / f"k{k}.calbin", k)
+        d = Device()
+        d.configure(d.load(path))
+        try:
+            gen = generate_one(d, TextTokenizer.from_program(d.program), prompt, SamplerConfig(temperature=0.0), 16,
+                               ignore_eos=True)
+        finally:
+            d.close()
+        results.append(gen)
+    off, on = results
+    assert on.tokens == off.tokens
+    assert np.abs(on.prompt_logits - off.prompt_logits).max() < 0.05 * np.abs(off.prompt_logits).max()
