@@ -66,3 +66,16 @@ def greedy_together(device, prompts: list[list[int]], tokens: int) -> list[list[
         for lane in lanes:
             device.lanes.free(lane)
     return together
+
+
+def generate_on_calbin(calbin, prompt_ids, max_tokens: int = 16) -> Generated:
+    """`prompt_ids` greedily (EOS ignored, prompt logits kept) on a fresh device loaded with `calbin`."""
+    from calculet.engine.tokenizer import TextTokenizer
+    from calculet.runtime.device import Device
+
+    d = Device()
+    d.configure(d.load(calbin))
+    try:
+        return generate_one(d, TextTokenizer.from_program(d.program), prompt_ids, GREEDY, max_tokens, ignore_eos=True)
+    finally:
+        d.close()

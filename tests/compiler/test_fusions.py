@@ -10,10 +10,7 @@ import pytest
 
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import FUSIONS, CompileOptions
-from calculet.engine.sampler import SamplerConfig
-from calculet.engine.tokenizer import TextTokenizer
-from calculet.runtime.device import Device
-from decoding import generate_one
+from decoding import generate_on_calbin
 
 # What each pass adds to (or removes from) the decode body's op counts.
 SIGNATURE = {
@@ -39,13 +36,7 @@ def _compile(model_dir, tmp_path, fusions, weights="fp32"):
 
 
 def _greedy(path, prompt):
-    d = Device()
-    d.configure(d.load(path))
-    try:
-        gen = generate_one(d, TextTokenizer.from_program(d.program), prompt, SamplerConfig(temperature=0.0), 16,
-                       ignore_eos=True)
-    finally:
-        d.close()
+    gen = generate_on_calbin(path, prompt)
     return gen.tokens, gen.prompt_logits
 
 

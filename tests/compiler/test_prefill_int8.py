@@ -23,10 +23,7 @@ from calculet.compiler.options import CompileOptions
 from calculet.compiler.quantize import QuantFormat, quantize
 from calculet.compiler.weights import QuantInfo, WeightStore
 from calculet.cpu_features import ENV, CpuFeatures, detect
-from calculet.engine.sampler import SamplerConfig
-from calculet.engine.tokenizer import TextTokenizer
-from calculet.runtime.device import Device
-from decoding import generate_one
+from decoding import generate_on_calbin
 
 VNNI_FLAGS = "avx2,fma,f16c,avx512f,avx512_vnni"
 AVX2 = CpuFeatures(("avx2", "fma", "f16c"), "test", "x86_64")
@@ -139,17 +136,6 @@ def test_outlier_channels_keep_the_product_close_where_per_token_scales_alone_do
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_same_greedy_tokens_as_the_block_kernels(arch, tiny_model_dir, tmp_path):
     prompt = np.random.default_rng(5).integers(3, 300, size=21).tolist()
-    results = []
-    for k in (0, 32):
-        path = _compile(tiny_model_dir(arch), tmp_path / f"k{k}.calbin", k)
-        d = Device()
-        d.configure(d.load(path))
-        try:
-            gen = generate_one(d, TextTokenizer.from_program(d.program), prompt, SamplerConfig(temperature=0.0), 16,
-                               ignore_eos=True)
-        finally:
-            d.close()
-        results.append(gen)
-    off, on = results
+    off, on = (generate_on_calbin(_compile(tiny_model_dir(arch), tmp_path / f"k{k}.calbin", k), prompt) for k in (0, 32))
     assert on.tokens == off.tokens
     assert np.abs(on.prompt_logits - off.prompt_logits).max() < 0.05 * np.abs(off.prompt_logits).max()
