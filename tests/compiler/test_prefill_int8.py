@@ -53,8 +53,8 @@ def test_prefill_graphs_take_the_int8_gemm_and_decode_keeps_the_blocks(arch, tin
     assert "prefill-int8" in m.passes
     for graph in ("prefill_4", "prefill_16"):
         ops = _ops(path, graph)
-        assert ops["MatMulIntegerToFloat"] == 2 * layers, ops     # qkv and gate/up of every layer
-        assert ops["MatMulNBits"] == 2 * layers, ops              # o_proj and down_proj keep the block kernel
+        assert ops["MatMulIntegerToFloat"] == 3 * layers, ops     # qkv, gate/up and o_proj of every layer
+        assert ops["MatMulNBits"] == layers, ops                  # down_proj keeps the block kernel
     for graph in ("decode_1", "decode_2"):
         ops = _ops(path, graph)
         assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 4 * layers, ops
@@ -63,6 +63,9 @@ def test_prefill_graphs_take_the_int8_gemm_and_decode_keeps_the_blocks(arch, tin
     assert fmt.kind == "int8" and fmt.compute == "int8" and f"{k} input channels in float32" in fmt.role
     names = {t.name: t for t in m.weights.tensors}
     assert names["model.layers.0.mlp.gate_up_proj.weight.outliers.weight"].shape[0] == k
+    context = spec.num_heads * spec.head_dim          # o_proj's input width sets its own channel count
+    assert names["model.layers.0.self_attn.o_proj.weight.outliers.weight"].shape == (
+        prefill_int8.outlier_count(32, context), spec.hidden_size)
     assert names["model.layers.0.mlp.gate_up_proj.weight.rows8.weight"].dtype == "int8"
 
 

@@ -74,7 +74,7 @@ def test_a_correct_build_has_no_bad_module(arch, probe_calbin, tiny_model_dir, c
 
 @pytest.mark.parametrize("arch,tensor,module", [
     ("llama", "model.layers.1.mlp.down_proj.weight", "model.layers.1.mlp"),
-    ("llama", "model.layers.2.self_attn.qkv_proj.weight", "model.layers.2.self_attn"),
+    ("llama", "model.layers.2.self_attn.qkv_proj.weight", "model.layers.2.self_attn.o_proj:input"),  # the context
     ("llama", "model.layers.0.post_attention_layernorm.weight", "model.layers.0.post_attention_layernorm"),
     ("gemma3", "model.layers.1.post_feedforward_layernorm.weight", "model.layers.1.post_feedforward_layernorm"),
 ])

@@ -26,6 +26,7 @@ KV_DTYPES = ("float32", "float16")   # the KV buffer dtypes a calbin may hold (c
 KV_DTYPE_OPTIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
 
 PAST_PREFIX, PRESENT_PREFIX = "past_", "present_"
+PROBE_PREFIX = "probe:"  # a probe (debug) build's extra outputs: probe:<HF module> [L, S, width]
 NEW_KV = ("new_keys", "new_values")   # portable bodies: this step's K/V, stored by the runtime
 
 

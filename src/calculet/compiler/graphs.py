@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import ModelProto
 
-from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, GraphSpec, TensorSpec, kv_names
+from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, PROBE_PREFIX, GraphSpec, TensorSpec, kv_names
 from calculet.compiler import attention_portable, attention_ring, decoder, layers
 from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.prefill_int8 import per_row_int8_product
@@ -141,9 +141,6 @@ def add_rope_tables(spec: ModelSpec, context: int, weights: WeightStore) -> dict
                 weights.add(name, table)
         tables[layer_type] = names
     return tables
-
-
-PROBE_PREFIX = "probe:"
 
 
 def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,

@@ -202,6 +202,7 @@ def self_attention(g: GraphBuilder, spec, layer: int, x: str, ctx: AttentionInpu
         q = head_rmsnorm(g, q, spec.num_heads, spec.head_dim, f"{p}.q_norm.weight", spec.rms_norm_eps, f"{s}/q_norm")
         k = head_rmsnorm(g, k, spec.num_kv_heads, spec.head_dim, f"{p}.k_norm.weight", spec.rms_norm_eps, f"{s}/k_norm")
     a = attention(g, spec, layer, q, k, v, ctx, s)
+    g.probe(f"{p}.o_proj:input", a, spec.num_heads * spec.head_dim)   # the context (prefill-int8 calibrates on it)
     out = linear(g, a, f"{p}.o_proj.weight", f"{s}/o_proj")
     g.probe(p, out, spec.hidden_size)
     return out

@@ -1,12 +1,12 @@
-"""The "prefill-int8" pass: prefill chunks run the projections that read a norm's output as an int8
-GEMM with one activation scale per token, and keep the few input channels that carry outliers in
+"""The "prefill-int8" pass: prefill chunks run the projections that read a norm's output, and o_proj,
+as an int8 GEMM with one activation scale per token, and keep the few input channels that carry outliers in
 float32 (the `cpu` target, one chip, a CPU with an int8 dot product).
 
 Decode steps keep the block kernels (MatMulNBits: 32-wide activation blocks, the GGUF's weights
 exactly). A prefill chunk has many rows, where ONNX Runtime's int8 GEMM is about twice as fast as the
 block kernels, but one int8 scale per token is too coarse for Gemma's activations on its own: a
 handful of channels of the residual stream are hundreds of times larger than the rest and set every
-token's scale. So, per projection W [in, out] fed by a norm (the packed qkv and gate/up):
+token's scale. So, per projection W [in, out] (the packed qkv and gate/up, o_proj; see PROJECTED):
 
     ids      = the k input channels with the largest |x| on calibration text       [k]
     x_in     = x with those channels zeroed                                         [R, in]
@@ -16,7 +16,7 @@ token's scale. So, per projection W [in, out] fed by a norm (the packed qkv and 
 Calibration runs the model itself: a probe build of the same source (compiled without this pass)
 prefills four 128-token passages of the project's English text (calculet.reference.texts, a span
 that neither the perplexity evaluation nor the reference sets read; no torch), and each
-projection's input norm gives the per-channel maximum |x|.
+projection's input (a norm's output, or the probe `...o_proj:input`) gives the per-channel maximum |x|.
 
 Measured on the default model (2-core EPYC with AVX-512 VNNI, onnxruntime 1.32): qkv and gate/up of
 a 128-token chunk 4.0 -> 2.1 ms (best of 7); in a torch simulation over the golden set, teacher-
@@ -45,29 +45,40 @@ CALIBRATION_PASSAGES = 4
 CALIBRATION_SPAN = slice(300_000, 340_000)
 
 
-def outlier_count(k: int, hidden: int) -> int:
-    """Channels kept in float32 per projection: k, but at most an eighth of the input width (a tiny
+def outlier_count(k: int, width: int) -> int:
+    """Channels kept in float32 per projection: k, but at most an eighth of its input width (a tiny
     model's 64-wide input keeps 8)."""
-    return min(k, max(1, hidden // 8))
+    return min(k, max(1, width // 8))
+
+
+# The projections the pass runs: (weight suffix in a layer, what its input is). A norm's output, or
+# the input of o_proj (the attention's context), exposed as the probe `<...>.o_proj:input`.
+# down_proj stays on the block kernels: its input (gelu(gate) * up) has outliers that move from token
+# to token, and fixed float32 channels do not catch them (a torch simulation over the golden set:
+# teacher-forced agreement 0.948 with down_proj converted, 0.984 without; see NUMERICS.md).
+MLP_NORM = "<the family's norm before the MLP>"
+PROJECTED = {".self_attn.qkv_proj.weight": "input_layernorm",        # in the weight plan's order
+             ".self_attn.o_proj.weight": "self_attn.o_proj:input",
+             ".mlp.gate_up_proj.weight": MLP_NORM}
 
 
 @dataclass(frozen=True)
 class Projection:
-    weight: str   # the packed projection, e.g. model.layers.3.self_attn.qkv_proj.weight
-    norm: str     # the HF module whose output it reads, e.g. model.layers.3.input_layernorm
+    weight: str   # e.g. model.layers.3.self_attn.qkv_proj.weight
+    source: str   # the probe that equals its input, e.g. model.layers.3.input_layernorm
 
 
 def projections(spec: ModelSpec, store) -> list[Projection]:
-    """The packed projections fed by a norm's output that the store holds as int8 blocks."""
+    """The projections of PROJECTED that the store holds as int8 blocks, with the probes of their inputs."""
     mlp_norm = "pre_feedforward_layernorm" if spec.family == "gemma3" else "post_attention_layernorm"
     out = []
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
-        for weight, norm in ((f"{p}.self_attn.qkv_proj.weight", f"{p}.input_layernorm"),
-                             (f"{p}.mlp.gate_up_proj.weight", f"{p}.{mlp_norm}")):
+        for suffix, source in PROJECTED.items():
+            weight = p + suffix
             q = store.quant(weight)
             if q is not None and q.bits == 8:
-                out.append(Projection(weight, norm))
+                out.append(Projection(weight, f"{p}.{mlp_norm if source == MLP_NORM else source}"))
     return out
 
 
@@ -108,7 +119,6 @@ def calibrate(source_path: str | None, options, spec: ModelSpec, store, bos: int
     the same source run on the calibration prompts (ONNX Runtime directly: the runtime is a layer above)."""
     from calculet.compiler.compile import compile_calbin
 
-    k = outlier_count(options.prefill_int8_outliers, spec.hidden_size)
     wanted = projections(spec, store)
     probe_options = replace(options, prefill_int8_outliers=0, probes=True, golden=False, lanes=1, decode_lanes=(1,),
                             prefill_chunks=(CALIBRATION_TOKENS,), context=max(2 * CALIBRATION_TOKENS, 256))
@@ -118,21 +128,26 @@ def calibrate(source_path: str | None, options, spec: ModelSpec, store, bos: int
     peak: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory(prefix="calculet-calibration-") as tmp:
         calbin = compile_calbin(source_path, Path(tmp) / "probe.calbin", probe_options, log=lambda *_: None)
-        for outputs in _probe_runs(calbin, prompts, {p.norm for p in wanted}):
-            for norm, rows in outputs.items():
+        for outputs in _probe_runs(calbin, prompts, {p.source for p in wanted}):
+            for source, rows in outputs.items():
                 m = np.abs(rows).max(axis=0)
-                peak[norm] = m if norm not in peak else np.maximum(peak[norm], m)
+                peak[source] = m if source not in peak else np.maximum(peak[source], m)
     log(f"prefill-int8: calibrated {len(wanted)} projections on {len(prompts)} x {CALIBRATION_TOKENS} tokens; "
-        f"{k} float32 input channels each")
-    return {p.weight: np.sort(np.argsort(-peak[p.norm], kind="stable")[:k]).astype(np.int64) for p in wanted}
+        f"up to {options.prefill_int8_outliers} float32 input channels each")
+    out = {}
+    for p in wanted:
+        k = outlier_count(options.prefill_int8_outliers, store.quant(p.weight).k)
+        out[p.weight] = np.sort(np.argsort(-peak[p.source], kind="stable")[:k]).astype(np.int64)
+    return out
 
 
 def _probe_runs(calbin: Path, prompts: list[list[int]], modules: set[str]):
-    """Per prompt, {module: float32 [n, width]}: the probe build's prefill graph at position 0 on zero KV."""
+    """Per prompt, {module: float32 [n, width]}: the probe build's prefill graph as a lane's first chunk."""
     import onnxruntime as ort
 
+    from calculet.calbin.first_chunk import first_chunk_feeds, probe_rows
+    from calculet.calbin.graphspec import PROBE_PREFIX
     from calculet.calbin.manifest import read_manifest
-    from calculet.compiler.graphs import PROBE_PREFIX
 
     manifest = read_manifest(calbin)
     graph = next(g for g in manifest.graphs if g.type == "prefill")
@@ -141,13 +156,7 @@ def _probe_runs(calbin: Path, prompts: list[list[int]], modules: set[str]):
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(calbin / graph.file), so, providers=["CPUExecutionProvider"])
     for ids in prompts:
-        feeds = {t.name: np.zeros(t.shape, t.dtype) for t in graph.inputs}
-        feeds["input_ids"][0, :len(ids)] = ids
-        feeds["seqlens_k"][0] = graph.tokens - 1
-        feeds["total_seq_len"][...] = graph.tokens
-        feeds["last_index"][0] = len(ids) - 1
-        values = session.run(names, feeds)
-        yield {n.removeprefix(PROBE_PREFIX): v[0, :len(ids)] for n, v in zip(names, values)}
+        yield probe_rows(graph, names, session.run(names, first_chunk_feeds(graph, ids)), len(ids))
 
 
 def add_weights(store, record: dict, outliers: dict[str, np.ndarray]) -> None:

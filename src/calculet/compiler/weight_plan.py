@@ -23,7 +23,7 @@ from typing import Protocol
 
 from calculet.compiler.isa_policy import concrete_policy   # `auto`: the policy compile picks on this CPU
 from calculet.compiler import prefill_int8
-from calculet.compiler.prefill_int8 import outlier_count
+from calculet.compiler.prefill_int8 import PROJECTED, outlier_count
 from calculet.cpu_features import detect
 from calculet.compiler.quantize import COARSE_BLOCKS, FP32, QuantFormat, policy_table
 from calculet.compiler.weights import ALIGN
@@ -130,7 +130,7 @@ def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
         tensors += _coarse_head(spec, tensors)
     tensors += _rope_tables(spec, options.context)
     if prefill_int8.applicable(options, detect()) is None:   # as compile resolves it on this CPU
-        tensors += _prefill_int8(tensors, outlier_count(options.prefill_int8_outliers, spec.hidden_size))
+        tensors += _prefill_int8(tensors, options.prefill_int8_outliers)
     for t in tensors:
         if t.fmt.kind in ("int8", "int4") and t.shape[1] % t.fmt.block:
             raise RequestError("bad_option", f"K={t.shape[1]} is not a multiple of the block size {t.fmt.block}; "
@@ -229,14 +229,14 @@ def _coarse_head(spec: ModelSpec, tensors: list[StoredTensor]) -> list[StoredTen
 
 
 def _prefill_int8(tensors: list[StoredTensor], k: int) -> list[StoredTensor]:
-    """prefill_int8.add_weights: each packed int8 qkv and gate/up projection gets per-column int8 codes
-    [in, out] with scales, and its k float32 outlier input rows [k, out] (one chip: no split)."""
+    """prefill_int8.add_weights: each int8 projection of prefill_int8.PROJECTED gets per-column int8
+    codes [in, out] with scales, and its float32 outlier input rows [k', out] (one chip: no split)."""
     out = []
     for t in tensors:
-        if t.fmt.kind == "int8" and t.name.endswith((".self_attn.qkv_proj.weight", ".mlp.gate_up_proj.weight")):
+        if t.fmt.kind == "int8" and t.name.endswith(tuple(PROJECTED)):
             n, h = t.shape
             out += [StoredTensor(f"{t.name}.rows8", t.module, (n, h), QuantFormat("int8", h, "int8"), COPY),
-                    StoredTensor(f"{t.name}.outliers.weight", t.module, (k, n), FP32, COPY)]
+                    StoredTensor(f"{t.name}.outliers.weight", t.module, (outlier_count(k, h), n), FP32, COPY)]
     return out
 
 

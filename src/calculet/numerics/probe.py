@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from calculet.compiler.graphs import PROBE_PREFIX
+from calculet.calbin.first_chunk import first_chunk_feeds, probe_rows
+from calculet.calbin.graphspec import PROBE_PREFIX
 from calculet.errors import ModelError, RequestError
 
 
@@ -91,21 +92,8 @@ def calbin_module_outputs(calbin, ids: list[int], threads: int = 0) -> tuple[str
     graph, names = _prefill_graph(program, len(ids))
     program.graphs = [graph]  # open this one session only
     program.open_sessions(DeviceConfig(threads=threads))
-    feeds = {}
-    for t in graph.inputs:
-        feeds[t.name] = np.zeros(t.shape, t.dtype)
-    n, s = len(ids), graph.tokens
-    feeds["input_ids"][0, :n] = ids
-    feeds["seqlens_k"][0] = s - 1                # as the runtime runs a right-padded chunk at position 0
-    if "total_seq_len" in feeds:                  # portable bodies do not take it
-        feeds["total_seq_len"][...] = s
-    feeds["last_index"][0] = n - 1
-    values = program.sessions[graph.name].run(names, feeds)
-    out = {}
-    for name, v in zip(names, values):
-        rows = v[0, :n] if v.shape[1] == s else v[0]   # the final norm holds the last real token only
-        out[name.removeprefix(PROBE_PREFIX)] = np.asarray(rows, np.float32)
-    return graph.name, out
+    values = program.sessions[graph.name].run(names, first_chunk_feeds(graph, ids))
+    return graph.name, probe_rows(graph, names, values, len(ids))
 
 
 def compare_modules(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> list[ModuleError]:

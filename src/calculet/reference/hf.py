@@ -301,30 +301,45 @@ def reference_position_logprobs(model, input_ids: list[int], chunk: int = 128) -
 def reference_module_outputs(model, input_ids: list[int], modules: list[str]) -> dict[str, np.ndarray]:
     """float32 [n, width] per named module: its forward output over the prompt, captured by hooks.
 
-    Names are the model's own (`model.layers.3.mlp`); a module returning a tuple (attention returns
-    (output, weights)) contributes its first element; per-head outputs [1, n, heads, D] or
-    [1, heads, n, D] are flattened to [n, heads * D] (when heads == n the first layout is assumed)."""
+    Names are the model's own (`model.layers.3.mlp`); `<module>:input` is the module's first input
+    instead (`model.layers.3.self_attn.o_proj:input`: the attention's context). A module returning a
+    tuple (attention returns (output, weights)) contributes its first element; per-head outputs
+    [1, n, heads, D] or [1, heads, n, D] are flattened to [n, heads * D] (when heads == n the first
+    layout is assumed)."""
     torch, _ = _require_torch()
     _check_ids(model, input_ids)
     captured: dict[str, np.ndarray] = {}
     handles = []
     n = len(input_ids)
 
+    def keep(name, out):
+        if out.dim() == 4 and out.shape[2] == n and out.shape[1] != n:  # [1, heads, n, D] (Gemma 3's q/k norms)
+            out = out.transpose(1, 2)
+        captured[name] = out.detach().float().reshape(out.shape[0] * out.shape[1], -1).numpy().copy()
+
     def hook(name):
         def save(_module, _args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            if out.dim() == 4 and out.shape[2] == n and out.shape[1] != n:  # [1, heads, n, D] (Gemma 3's q/k norms)
-                out = out.transpose(1, 2)
-            captured[name] = out.detach().float().reshape(out.shape[0] * out.shape[1], -1).numpy().copy()
+            keep(name, output[0] if isinstance(output, tuple) else output)
+        return save
+
+    def input_hook(name):
+        def save(_module, args):
+            keep(name, args[0])
         return save
 
     try:
         for name in modules:
+            path, _, what = name.partition(":")
             try:
-                module = model.get_submodule(name)
+                module = model.get_submodule(path)
             except AttributeError:
-                raise ModelError("reference_no_module", f"the reference model has no module {name!r}") from None
-            handles.append(module.register_forward_hook(hook(name)))
+                raise ModelError("reference_no_module", f"the reference model has no module {path!r}") from None
+            if what == "input":
+                handles.append(module.register_forward_pre_hook(input_hook(name)))
+            elif what:
+                raise ModelError("reference_no_module", f"{name!r}: only `<module>:input` names a module's input")
+            else:
+                handles.append(module.register_forward_hook(hook(name)))
         with torch.inference_mode():
             model(torch.tensor([list(input_ids)], dtype=torch.long), use_cache=False)
     finally:
