@@ -21,7 +21,7 @@ from calculet.reference.golden import (  # noqa: E402
     Golden, GoldenEntry, GoldenSource, Thresholds, check_against_golden, make_golden, read_golden, write_golden,
 )
 from calculet.reference.hf import (  # noqa: E402
-    build_reference_model, reference_greedy, reference_last_logits, reference_topk,
+    build_reference_model, reference_greedy, reference_last_logits, reference_module_outputs, reference_topk,
 )
 from calculet.reference.prompts import (  # noqa: E402
     bos_id_for, golden_prompt_ids, prompts_for_source, sliding_window_of,
@@ -66,6 +66,19 @@ def test_reference_matches_from_pretrained(arch, folders, models):
     last = reference_last_logits(ours, LONG_PROMPT)
     assert last.dtype == np.float32 and last.shape == (tiny_models.VOCAB,)
     assert float(np.abs(last - want[-1].numpy()).max()) < 1e-5
+
+
+def test_module_inputs_are_hooked_by_name(models):
+    """`<module>:input` is the module's forward input (o_proj's: the attention's context), so its
+    product with the weight is the module's own output; any other suffix is refused by name."""
+    model = models["llama"]
+    o_proj = "model.layers.1.self_attn.o_proj"
+    out = reference_module_outputs(model, LONG_PROMPT, [o_proj + ":input", o_proj])
+    weight = model.get_submodule(o_proj).weight.detach().numpy()
+    assert out[o_proj + ":input"].shape == (len(LONG_PROMPT), weight.shape[1])
+    assert np.abs(out[o_proj + ":input"] @ weight.T - out[o_proj]).max() < 1e-5
+    with pytest.raises(ModelError, match="only `<module>:input`"):
+        reference_module_outputs(model, LONG_PROMPT, [o_proj + ":output"])
 
 
 @pytest.mark.parametrize("arch", tiny_models.ARCHS)
