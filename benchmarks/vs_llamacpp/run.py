@@ -42,7 +42,7 @@ from calculet.bench.runner import run_benchmark  # noqa: E402
 from calculet.bench.slo import parse_slo  # noqa: E402
 from calculet.cpu_features import detect  # noqa: E402
 from rounds import collect, rounds_json, rounds_markdown  # noqa: E402
-from scenarios import SCENARIOS, build_scenarios, saturation_rate  # noqa: E402
+from scenarios import SCENARIOS, WARM_UP_SEED_OFFSET, build_scenarios, saturation_rate, warm_up_scenario  # noqa: E402
 
 
 def free_port() -> int:
@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", default="200", help="streams, 16x8, open: prompt length(s) (default 200)")
     parser.add_argument("--output-tokens", type=int, default=128, help="output tokens (default 128)")
     parser.add_argument("--requests", type=int, default=8, help="streams: requests per phase (default 8)")
-    parser.add_argument("--warmup", type=int, default=2, help="warm-up requests (default 2)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up requests before each run's first phase (default 2)")
+    parser.add_argument("--no-warm-up-wave", action="store_true",
+                        help="skip the unmeasured wave at the largest concurrency on each server before round 1")
     parser.add_argument("--open-rate", type=float,
                         help="open: Poisson arrivals per second (default: --open-load x llama-server's 8-stream "
                              "request rate in round 1's `streams`, or calculet's with --calculet-only)")
@@ -211,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
                                                f"http://127.0.0.1:{port}", log)
         for process, url, log in servers.values():
             wait_ready(url, process, log, args.ready_timeout)
+        if not args.no_warm_up_wave:
+            wave = warm_up_scenario(args)
+            for label in ("llama.cpp", "calculet"):
+                if ("main", label) in servers:
+                    bench(servers[("main", label)][1], label, args.out / "warm-up" / label, wave.settings, args, None,
+                          args.seed + WARM_UP_SEED_OFFSET)
         # All servers stay up (an idle server takes no CPU); each round measures every scenario on one
         # server, then the other, so slow drifts of the machine hit both alike. Each round makes new
         # prompts (seed + 1000 x round + 100 x scenario): llama-server keeps finished prompts in its

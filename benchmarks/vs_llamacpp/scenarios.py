@@ -69,6 +69,23 @@ class Scenario:
     metrics: tuple[Metric, ...] = ()
 
 
+# The warm-up wave's seed is the run's seed plus this: never seed + 1000 x round + 100 x scenario, so
+# no measured prompt repeats a warm-up prompt (llama-server would answer it from its prompt cache).
+WARM_UP_SEED_OFFSET = 999
+
+
+def warm_up_scenario(args) -> Scenario:
+    """One unmeasured wave on each main server before round 1: as many requests as the largest
+    closed-loop concurrency, all at once. The per-phase warm-up runs before a run's first phase (one
+    client in `streams`), so without this a server's first 8-stream phase of the whole run is the
+    first time it holds 8 sequences: llama-server's ran at about half its later rate (59 against
+    101-119 tok/s in run J), which inflated that round's ratio and lowered `open`'s offered rate,
+    taken from that round."""
+    width = max(int(c) for c in str(args.concurrency).split(",") if c.strip())
+    return Scenario("warm-up", "main", {"concurrency": width, "prompt_tokens": args.prompt_tokens,
+                                        "output_tokens": args.output_tokens, "requests": width})
+
+
 def build_scenarios(names: list[str], args, open_rate: float | None = None) -> list[Scenario]:
     """The selected scenarios from the command line's knobs. `open` needs `open_rate` (requests/s)."""
     unknown = [n for n in names if n not in SCENARIOS]

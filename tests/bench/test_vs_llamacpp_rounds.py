@@ -12,7 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "vs_llamacpp"))
 from rounds import collect, median_and_worst, rounds_json, rounds_markdown  # noqa: E402
-from scenarios import GOODPUT, OUTPUT_TPS, PREFILL_TPS, SLO_MET, TTFT_P50, saturation_rate  # noqa: E402
+from scenarios import (  # noqa: E402
+    GOODPUT, OUTPUT_TPS, PREFILL_TPS, SCENARIOS, SLO_MET, TTFT_P50, WARM_UP_SEED_OFFSET, saturation_rate,
+    warm_up_scenario,
+)
 
 
 def _s(tps, ttft, prompt=1000.0, load="closed", rate=1.0):
@@ -65,3 +68,11 @@ def test_slo_met_share_shows_the_goodput_ceiling():
     assert GOODPUT.read(ours) / GOODPUT.read(peer) < 1 / SLO_MET.read(peer) * 45 / 42 + 1e-9
     assert SLO_MET.read(SimpleNamespace(good=None, requests=24)) is None
     assert SLO_MET.read(SimpleNamespace(good=0, requests=0)) is None
+
+
+def test_the_warm_up_wave_fills_the_largest_concurrency_with_prompts_no_round_reuses():
+    wave = warm_up_scenario(SimpleNamespace(concurrency="1,8, 4", prompt_tokens="200", output_tokens=128))
+    assert wave.settings == {"concurrency": 8, "prompt_tokens": "200", "output_tokens": 128, "requests": 8}
+    assert wave.servers == "main" and not wave.metrics          # measured by no table
+    measured = {1000 * r + 100 * i for r in range(50) for i in range(len(SCENARIOS))}
+    assert WARM_UP_SEED_OFFSET not in measured
