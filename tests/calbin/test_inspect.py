@@ -76,6 +76,21 @@ def test_shape_families_group_repeated_layers(llama):
     assert all("?" not in f.inputs for f in decode.ops.shape_families), "shapes should be known through ONNX Runtime ops"
 
 
+def test_shapes_are_known_inside_if_branches(tiny_calbin):
+    """Gemma 3's sliding layers on a KV ring run their products in If branches (FusedMatMul, Softmax):
+    the inventory counts those nodes, and shape inference reaches them through the ONNX Runtime ops."""
+    report = inspect_calbin(tiny_calbin("gemma3", context=64))
+    for g in report.graphs:
+        if g.graph.type not in ("decode", "prefill"):
+            continue
+        ops = {o.op_type: o.count for o in g.ops.ops}
+        assert ops.get("If", 0) > 0 and ops.get("FusedMatMul", 0) > 0, (g.graph.name, ops)
+        fused = [f for f in g.ops.shape_families if f.op == "com.microsoft.FusedMatMul"]
+        assert fused and all(f.inputs[0].startswith(f"[{g.graph.lanes},") for f in fused), fused
+        unknown = [f for f in g.ops.shape_families if "?" in f.inputs]
+        assert not unknown, f"{g.graph.name}: shapes unknown for {unknown[:3]}"
+
+
 def test_text_report_has_every_section(llama, capsys):
     decode = _widest_decode(inspect_calbin(llama)).graph.name
     assert main(["inspect", str(llama)]) == 0

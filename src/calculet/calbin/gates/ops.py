@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import ModelProto, TensorProto, helper
 
-from calculet.calbin.gates.shape_functions import shape_functions
+from calculet.calbin.gates.shape_functions import graph_nodes, shape_functions, subgraphs
 
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 UNCHECKED_DOMAIN = "calculet.unchecked"  # where the checker copy parks ops ONNX does not define
@@ -90,7 +90,7 @@ def checker_copy(model: ModelProto) -> ModelProto:
     del m.graph.initializer[:]
     m.graph.initializer.extend(keep)
     moved = False
-    for node in all_nodes(m.graph):
+    for node in graph_nodes(m.graph):
         if node.domain in STANDARD_DOMAINS and not onnx.defs.has(node.op_type, node.domain):
             node.domain = UNCHECKED_DOMAIN
             moved = True
@@ -107,26 +107,16 @@ def _shape_text(value_type) -> str:
     return "[" + ",".join(str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim) + "]"
 
 
-def all_nodes(graph):
-    """The graph's nodes and, depth first, those of every subgraph they hold (an If's branches)."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from all_nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from all_nodes(sub)
-
-
 def known_shapes(model: ModelProto, inferred: ModelProto | None = None) -> dict[str, str]:
-    """value name -> shape text, from inputs, outputs, initializers and (when given) shape inference."""
+    """value name -> shape text, from inputs, outputs, initializers and (when given) shape inference,
+    in the graph and in every If branch."""
     shapes = {}
-    g = inferred.graph if inferred is not None else model.graph
-    for v in list(g.input) + list(g.value_info) + list(g.output):
-        shapes[v.name] = _shape_text(v.type)
-    for t in model.graph.initializer:
-        shapes[t.name] = "[" + ",".join(str(d) for d in t.dims) + "]"
+    for g in subgraphs(inferred.graph if inferred is not None else model.graph):
+        for v in list(g.input) + list(g.value_info) + list(g.output):
+            shapes[v.name] = _shape_text(v.type)
+    for g in subgraphs(model.graph):
+        for t in g.initializer:
+            shapes[t.name] = "[" + ",".join(str(d) for d in t.dims) + "]"
     return shapes
 
 
@@ -134,7 +124,7 @@ def op_inventory(model: ModelProto, name: str, shapes: dict[str, str] | None = N
     shapes = shapes if shapes is not None else known_shapes(model)
     counts: Counter = Counter()
     families: Counter = Counter()
-    nodes = list(all_nodes(model.graph))   # If branches included: every op the graph may run
+    nodes = list(graph_nodes(model.graph))   # If branches included: every op the graph may run
     for node in nodes:
         counts[(node.domain, node.op_type)] += 1
         signature = tuple(shapes.get(i, "?") if i else "" for i in node.input)

@@ -10,6 +10,11 @@ ops (the body is never run; ONNX Runtime uses its own kernels):
     MatMulNBits(A, codes, scales) <K, N>    -> MatMul(A, ConstantOfShape([K, N]))           [.., N]
     GatherBlockQuantized(codes, ids, s)     -> CastLike(Gather(codes, ids), s)               [*ids, K]
                                                (4-bit: two codes per byte, so the last dim doubles)
+    MatMulIntegerToFloat(A, B, a_s, b_s, …) -> CastLike(MatMul(Cast(A), Cast(B)), a_s)       [.., N]
+    FusedMatMul(A, B) <transA, transB>      -> Einsum(A, B) with the transposes in its equation
+
+Nodes inside If branches count as uses too (the `cpu` target's ring layers run their products in
+branches), and a value a branch reads from the enclosing graph counts as read.
 
 An op is given a function only when every node using it fits the pattern (e.g. not attention with
 packed QKV, whose output is not the query's shape); otherwise its outputs simply stay unknown.
@@ -18,7 +23,9 @@ Outputs no node reads (a norm's mean and inv_std_var) get a placeholder of any s
 
 from __future__ import annotations
 
-from onnx import AttributeProto, FunctionProto, ModelProto, NodeProto, helper
+from collections.abc import Iterator
+
+from onnx import AttributeProto, FunctionProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
 # (input, output) pairs where the output has the input's shape and type.
 PASS_THROUGH = {
@@ -90,19 +97,79 @@ def _gather_block_quantized(nodes: list[NodeProto], used: set[str]) -> list[Node
     return None
 
 
+def _matmul_integer_to_float(nodes: list[NodeProto], used: set[str]) -> list[NodeProto] | None:
+    if any(len(n.output) != 1 or len(n.input) < 4 for n in nodes):
+        return None
+    return [helper.make_node("Cast", ["in0"], ["a"], to=TensorProto.FLOAT),
+            helper.make_node("Cast", ["in1"], ["b"], to=TensorProto.FLOAT),
+            helper.make_node("MatMul", ["a", "b"], ["p"]),
+            helper.make_node("CastLike", ["p", "in2"], ["out0"])]
+
+
+def _fused_matmul(nodes: list[NodeProto], used: set[str]) -> list[NodeProto] | None:
+    """One Einsum per (transA, transB) the nodes share; batch dims broadcast through the ellipsis."""
+    flags = {(_attr(n, "transA", 0), _attr(n, "transB", 0), _attr(n, "transBatchA", 0), _attr(n, "transBatchB", 0))
+             for n in nodes}
+    if len(flags) != 1 or any(len(n.output) != 1 for n in nodes):
+        return None
+    trans_a, trans_b, batch_a, batch_b = flags.pop()
+    if batch_a or batch_b:
+        return None
+    a = "...ki" if trans_a else "...ik"
+    b = "...jk" if trans_b else "...kj"
+    return [helper.make_node("Einsum", ["in0", "in1"], ["out0"], equation=f"{a},{b}->...ij")]
+
+
 BODIES = {op: (lambda nodes, used, op=op: _pass_through(op, nodes, used)) for op in PASS_THROUGH}
 BODIES["MatMulNBits"] = _matmul_nbits
 BODIES["GatherBlockQuantized"] = _gather_block_quantized
+BODIES["MatMulIntegerToFloat"] = _matmul_integer_to_float
+BODIES["FusedMatMul"] = _fused_matmul
+
+
+def _branches(node: NodeProto) -> Iterator[GraphProto]:
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def graph_nodes(graph: GraphProto) -> Iterator[NodeProto]:
+    """The graph's nodes and, depth first, those of every subgraph they hold (an If's branches)."""
+    for node in graph.node:
+        yield node
+        for sub in _branches(node):
+            yield from graph_nodes(sub)
+
+
+def subgraphs(graph: GraphProto) -> Iterator[GraphProto]:
+    """The graph and, depth first, every subgraph its nodes hold."""
+    yield graph
+    for node in graph.node:
+        for sub in _branches(node):
+            yield from subgraphs(sub)
+
+
+def _read_values(graph: GraphProto) -> set[str]:
+    """Every value some node reads, in the graph or in any branch (which may read the enclosing
+    graph's values), and the outputs of the graph and of every branch."""
+    used = set()
+    for g in subgraphs(graph):
+        used.update(o.name for o in g.output)
+        for node in g.node:
+            used.update(node.input)
+    return used
 
 
 def shape_functions(model: ModelProto, standard_domains: tuple[str, ...]) -> list[FunctionProto]:
     """One function per ONNX Runtime op used in `model` whose nodes all fit its pattern."""
     uses: dict[tuple[str, str], list[NodeProto]] = {}
-    for node in model.graph.node:
+    for node in graph_nodes(model.graph):
         if node.domain not in standard_domains and node.op_type in BODIES:
             uses.setdefault((node.domain, node.op_type), []).append(node)
     opset = next((o.version for o in model.opset_import if o.domain in standard_domains), 21)
-    used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    used = _read_values(model.graph)
     functions = []
     for (domain, op), nodes in uses.items():
         body = BODIES[op](nodes, used)
