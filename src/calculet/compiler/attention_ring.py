@@ -169,15 +169,19 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
                 old = g.op("GatherND", [past, ctx.index], name=f"{scope}/Old{tag}")                   # [L, Nkv, S, D]
                 new = g.op("Where", [ctx.real, new, old], name=f"{scope}/Keep{tag}")
             rings.append(g.op("ScatterND", [past, ctx.index, new], name=f"{scope}/Write{tag}", outputs=[present]))
-    if one:
-        q = g.op("Reshape", [q, g.const([lanes, nkv, group, d])], name=f"{scope}/QRows")            # [L, Nkv, g, D]
-    else:
-        q = g.op("Transpose", [g.op("Reshape", [q, g.const([lanes, tokens, nkv, group, d])], name=f"{scope}/GroupQ")],
-                 name=f"{scope}/Qt", perm=[0, 2, 3, 1, 4])                                             # [L, Nkv, g, S, D]
-        q = g.op("Reshape", [q, g.const([lanes, nkv, group * tokens, d])], name=f"{scope}/QRows")     # [L, Nkv, g*S, D]
+    def query_rows() -> str:
+        if one:
+            return g.op("Reshape", [q, g.const([lanes, nkv, group, d])], name=f"{scope}/QRows")       # [L, Nkv, g, D]
+        grouped = g.op("Transpose", [g.op("Reshape", [q, g.const([lanes, tokens, nkv, group, d])], name=f"{scope}/GroupQ")],
+                       name=f"{scope}/Qt", perm=[0, 2, 3, 1, 4])                                       # [L, Nkv, g, S, D]
+        return g.op("Reshape", [grouped, g.const([lanes, nkv, group * tokens, d])], name=f"{scope}/QRows")  # [L, Nkv, g*S, D]
+    # Decode over a float32 ring needs the query rows only in the whole-ring branch: built there, so a
+    # step that takes GroupQueryAttention's result runs no reshape for nothing.
+    rows_q = None if causal is not None else query_rows()
 
     def products(keys: str, values: str, bias: str, tag: str) -> str:
         """softmax(Q . K^T * scale + bias) . V over n ring rows: [L, Nkv, g*S, D]."""
+        q = rows_q if rows_q is not None else query_rows()
         if half:
             keys = g.op("Cast", [keys], name=f"{scope}/RingKFloat{tag}", to=TensorProto.FLOAT)
             values = g.op("Cast", [values], name=f"{scope}/RingVFloat{tag}", to=TensorProto.FLOAT)
