@@ -37,7 +37,14 @@ def _scaled_embed(g, spec: ModelSpec, input_ids: str) -> str:
     return g.op("Mul", [x, scale], name="/model/embed_tokens/Scale")
 
 
-def _llama_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.AttentionInputs) -> layers.Stream:
+# (graph builder, the MLP's input, its scope) -> its output: a sparse layer's expert block
+SparseMlp = Callable[[object, str, str], str]
+
+
+def llama_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.AttentionInputs,
+                sparse_mlp: SparseMlp | None = None) -> layers.Stream:
+    """One Llama-family layer. A sparse layer's MLP is `sparse_mlp` when given (expert parallelism: the
+    chip's local experts), else every expert (compiler/moe.py)."""
     p, s = f"model.layers.{i}", f"/model/layers.{i}"
     eps = spec.rms_norm_eps
     n, stream = layers.add_norm(g, stream, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
@@ -45,6 +52,8 @@ def _llama_layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.
     m, stream = layers.add_norm(g, layers.Stream(stream.x, o), f"{p}.post_attention_layernorm.weight", eps,
                                 f"{s}/post_attention_layernorm")
     if spec.moe is not None and spec.moe.is_sparse(i):   # Qwen3-MoE: routed experts instead
+        if sparse_mlp is not None:
+            return layers.Stream(stream.x, sparse_mlp(g, m, f"{s}/moe"))
         return layers.Stream(stream.x, moe.sparse_mlp(g, spec, i, m, ctx.rows, f"{s}/moe", ctx.expert_masks))
     return layers.Stream(stream.x, layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp"))
 
@@ -66,11 +75,11 @@ Embed = Callable[..., str]
 Layer = Callable[..., layers.Stream]
 # ModelSpec.family -> (embedding, one decoder layer)
 DECODERS: dict[str, tuple[Embed, Layer]] = {
-    "llama": (_plain_embed, _llama_layer),
+    "llama": (_plain_embed, llama_layer),
     "gemma3": (_scaled_embed, _gemma3_layer),
-    "qwen3_moe": (_plain_embed, _llama_layer),     # sparse layers' MLP: compiler/moe.py
-    "mixtral": (_plain_embed, _llama_layer),       # every layer sparse
-    "qwen2_moe": (_plain_embed, _llama_layer),     # + a shared expert per sparse layer
+    "qwen3_moe": (_plain_embed, llama_layer),     # sparse layers' MLP: compiler/moe.py
+    "mixtral": (_plain_embed, llama_layer),       # every layer sparse
+    "qwen2_moe": (_plain_embed, llama_layer),     # + a shared expert per sparse layer
 }
 
 

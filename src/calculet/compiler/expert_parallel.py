@@ -38,7 +38,7 @@ from calculet.calbin.partition import Collective, Schedule, Segment
 from calculet.compiler import chip_kv, decoder, graphs as G, layers, moe
 from calculet.compiler.kv_layout import layer_lengths
 from calculet.compiler.builder import GraphBuilder
-from calculet.compiler.partition import ChipBuild
+from calculet.compiler.partition import ChipBuild, chip_graphs
 from calculet.errors import RequestError
 from calculet.models.base import ModelSpec
 
@@ -124,16 +124,9 @@ def build_ep(spec: ModelSpec, logical: list[GraphSpec], weights, rope, options, 
     for c in range(chips):
         experts = chip_experts(spec, chips, c)
         store = weights.slice_rows({n: experts for n in stack_names(spec)})
-        sigs, models = [], []
-        for gs in logical:
-            if gs.type == HEAD:
-                if c == 0:
-                    sigs.append(gs)
-                    models.append(G.build_graph(spec, gs, store, rope, options.target, options.fusions))
-                continue
-            for sig, model in _segments(spec, gs, store, rope, options, lengths, context, c, experts):
-                sigs.append(sig)
-                models.append(model)
+        sigs, models = chip_graphs(
+            logical, c == 0, lambda gs: G.build_graph(spec, gs, store, rope, options.target, options.fusions),
+            lambda gs: _segments(spec, gs, store, rope, options, lengths, context, c, experts))
         held = chip_layers(spec, c)
         kv = chip_kv.chip_kv_layout(spec, "ep", chips, c, lanes, context, tuple(options.prefill_chunks),
                                     options.kv_rings)   # attention replicated; rings on the sliding-window layers
@@ -147,16 +140,10 @@ def build_ep(spec: ModelSpec, logical: list[GraphSpec], weights, rope, options, 
 
 def _layer(g, spec: ModelSpec, i: int, stream: layers.Stream, ctx: layers.AttentionInputs,
            experts: tuple[int, int], chip: int) -> layers.Stream:
-    """decoder._llama_layer (every MoE family's layer) with the chip's local experts in a sparse layer."""
-    p, s = f"model.layers.{i}", f"/model/layers.{i}"
-    eps = spec.rms_norm_eps
-    n, stream = layers.add_norm(g, stream, f"{p}.input_layernorm.weight", eps, f"{s}/input_layernorm")
-    o = layers.self_attention(g, spec, i, n, ctx)
-    m, stream = layers.add_norm(g, layers.Stream(stream.x, o), f"{p}.post_attention_layernorm.weight", eps,
-                                f"{s}/post_attention_layernorm")
-    if spec.moe.is_sparse(i):
-        return layers.Stream(stream.x, moe.local_experts(g, spec, i, m, ctx.rows, f"{s}/moe", experts, chip == 0))
-    return layers.Stream(stream.x, layers.gated_mlp(g, m, f"{p}.mlp", "silu", f"{s}/mlp"))
+    """decoder.llama_layer (every MoE family's layer) with the chip's local experts in a sparse layer."""
+    def local(g, m: str, scope: str) -> str:
+        return moe.local_experts(g, spec, i, m, ctx.rows, scope, experts, chip == 0)
+    return decoder.llama_layer(g, spec, i, stream, ctx, sparse_mlp=local)
 
 
 def _segments(spec: ModelSpec, gs: GraphSpec, store, rope, options, lengths: tuple[int, ...], context: int, chip: int,

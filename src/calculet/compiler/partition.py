@@ -194,6 +194,18 @@ class ChipBuild:
     blocks: dict[str, int] | None = None  # its own store's encoder-chosen blocks (None: the whole model's)
 
 
+def chip_graphs(logical, head_chip: bool, build_head, segments) -> tuple[list, list]:
+    """(signatures, ONNX models) of one chip: each head graph where `head_chip`, built by
+    `build_head(gs)`; every other logical graph as what `segments(gs)` yields, (signature, model) pairs."""
+    sigs, models = [], []
+    for gs in logical:
+        pairs = ([(gs, build_head(gs))] if head_chip else []) if gs.type == HEAD else segments(gs)
+        for sig, model in pairs:
+            sigs.append(sig)
+            models.append(model)
+    return sigs, models
+
+
 def build_pp(spec: ModelSpec, logical: list[GraphSpec], weights: WeightStore, rope: dict, options,
              context: int, lanes: int) -> tuple[list[ChipBuild], list[Schedule], int]:
     """Pipeline stages: (chip builds, one schedule per body graph, head chip)."""
@@ -207,18 +219,12 @@ def build_pp(spec: ModelSpec, logical: list[GraphSpec], weights: WeightStore, ro
     builds = []
     for c, layers in enumerate(ranges):
         stage = G.Stage(layers, first=c == 0, last=c == last, context=context)
-        sigs, models = [], []
-        for gs in logical:
-            if gs.type == HEAD:
-                if c != last:
-                    continue
-                sig = gs
-                model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions)
-            else:
-                sig = G.stage_signature(spec, gs, lengths, stage)
-                model = G.build_graph(spec, sig, weights, rope, options.target, options.fusions, stage=stage)
-            sigs.append(sig)
-            models.append(model)
+        def stage_graph(gs):
+            sig = G.stage_signature(spec, gs, lengths, stage)
+            return [(sig, G.build_graph(spec, sig, weights, rope, options.target, options.fusions, stage=stage))]
+        sigs, models = chip_graphs(logical, c == last,
+                                   lambda gs: G.build_graph(spec, gs, weights, rope, options.target, options.fusions),
+                                   stage_graph)
         kv = chip_kv_layout(spec, "pp", options.chips, c, lanes, context, chunks, options.kv_rings)
         builds.append(ChipBuild(c, sigs, models, kv, dict(layers=layers, heads=(0, spec.num_heads),
                                                           kv_heads=(0, spec.num_kv_heads),

@@ -36,7 +36,7 @@ from calculet.calbin.partition import Collective, Schedule, Segment
 from calculet.compiler import chip_kv, decoder, graphs as G, layers
 from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.kv_layout import layer_lengths
-from calculet.compiler.partition import ChipBuild
+from calculet.compiler.partition import ChipBuild, chip_graphs
 from calculet.compiler.quantize import policy_table, store_weights
 from calculet.compiler.weights import WeightStore
 from calculet.errors import RequestError
@@ -130,16 +130,10 @@ def build_tp(spec: ModelSpec, logical: list[GraphSpec], _weights, _rope, options
         record = store_weights(nspec, family, _Sliced(source.tensors, spec, heads, kv, ffn), table, store, None,
                                options.fusions, options.quant)
         rope = G.add_rope_tables(nspec, context, store)
-        sigs, models = [], []
-        for gs in logical:
-            if gs.type == HEAD:
-                if c == 0:
-                    sigs.append(gs)
-                    models.append(G.build_graph(nspec, gs, store, rope, options.target, options.fusions))
-                continue
-            for sig, model in _segments(nspec, spec, gs, store, rope, options, lengths, context, c):
-                sigs.append(sig)
-                models.append(model)
+        sigs, models = chip_graphs(
+            logical, c == 0,
+            lambda gs: G.build_graph(nspec, gs, store, rope, options.target, options.fusions),
+            lambda gs: _segments(nspec, spec, gs, store, rope, options, lengths, context, c))
         kv_layout = chip_kv.chip_kv_layout(spec, "tp", chips, c, lanes, context, tuple(options.prefill_chunks),
                                            options.kv_rings)   # its KV heads; rings on the sliding-window layers
         builds.append(ChipBuild(c, sigs, models, kv_layout,
