@@ -31,14 +31,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from calculet.calbin.graphspec import HEAD, PREFILL, GraphSpec, TensorSpec, kv_names
 from calculet.calbin.partition import Collective, Schedule, Segment
 from calculet.compiler import chip_kv, decoder, graphs as G, layers, moe
 from calculet.compiler.kv_layout import layer_lengths
-from calculet.compiler.builder import GraphBuilder
-from calculet.compiler.partition import ChipBuild, chip_graphs
+from calculet.compiler.partition import ChipBuild, chip_graphs, segment_graph
 from calculet.errors import RequestError
 from calculet.models.base import ModelSpec
 
@@ -158,14 +155,7 @@ def _segments(spec: ModelSpec, gs: GraphSpec, store, rope, options, lengths: tup
                 for i in block for n in kv_names(i)[(0 if past else 2):(2 if past else 4)]]
 
     def graph(part, inputs, outputs, body):
-        sig = GraphSpec(f"{gs.name}.{part}", gs.type, L, S, tuple(inputs), tuple(outputs))
-        g = GraphBuilder(sig.name, store, options.target, options.fusions)
-        for t in sig.inputs:
-            g.input(t.name, np.dtype(t.dtype), t.shape)
-        values = body(g)
-        for t in sig.outputs:
-            g.output(values.get(t.name, t.name), t.name, np.dtype(t.dtype), t.shape)
-        return sig, g.build()
+        return segment_graph(GraphSpec(f"{gs.name}.{part}", gs.type, L, S, tuple(inputs), tuple(outputs)), store, options, body)
 
     def run(g, block, stream):
         ctx = chip_kv.attention_inputs(g, spec, gs, rope, block, lengths, context)

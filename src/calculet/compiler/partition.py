@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from calculet.calbin.graphspec import HEAD, GraphSpec
@@ -29,6 +30,7 @@ from calculet.calbin.manifest import (SCHEMA_VERSION, KVLayout, Manifest, Quanti
                                       write_manifest)
 from calculet.calbin.partition import ChipPart, Collective, Partition, Schedule, Segment
 from calculet.compiler import graphs as G
+from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.memory_plan import build_memory_plan
 from calculet.compiler.weights import WEIGHTS_FILE, WeightStore, relocate, used_weights
 from calculet.errors import RequestError
@@ -192,6 +194,18 @@ class ChipBuild:
     part: dict                       # ChipPart fields but the byte counts
     weights: WeightStore | None = None   # the store its graphs were built against (None: the whole model's)
     blocks: dict[str, int] | None = None  # its own store's encoder-chosen blocks (None: the whole model's)
+
+
+def segment_graph(sig: GraphSpec, store: WeightStore, options, body) -> tuple[GraphSpec, onnx.ModelProto]:
+    """A segment graph of signature `sig`: its inputs declared, `body(g)` builds it and returns
+    {output name: value} for outputs whose value has another name."""
+    g = GraphBuilder(sig.name, store, options.target, options.fusions)
+    for t in sig.inputs:
+        g.input(t.name, np.dtype(t.dtype), t.shape)
+    values = body(g)
+    for t in sig.outputs:
+        g.output(values.get(t.name, t.name), t.name, np.dtype(t.dtype), t.shape)
+    return sig, g.build()
 
 
 def chip_graphs(logical, head_chip: bool, build_head, segments) -> tuple[list, list]:

@@ -34,9 +34,8 @@ import numpy as np
 from calculet.calbin.graphspec import HEAD, PREFILL, GraphSpec, TensorSpec, kv_names
 from calculet.calbin.partition import Collective, Schedule, Segment
 from calculet.compiler import chip_kv, decoder, graphs as G, layers
-from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.kv_layout import layer_lengths
-from calculet.compiler.partition import ChipBuild, chip_graphs
+from calculet.compiler.partition import ChipBuild, chip_graphs, segment_graph
 from calculet.compiler.quantize import policy_table, store_weights
 from calculet.compiler.weights import WeightStore
 from calculet.errors import RequestError
@@ -180,14 +179,7 @@ def _segments(nspec: ModelSpec, spec: ModelSpec, gs: GraphSpec, store, rope, opt
     post_attn, pre_mlp, post_mlp, act = _LAYER[spec.family]
 
     def graph(part, inputs, outputs, body):
-        sig = GraphSpec(_name(gs, part), gs.type, L, S, tuple(inputs), tuple(outputs))
-        g = GraphBuilder(sig.name, store, options.target, options.fusions)
-        for t in sig.inputs:
-            g.input(t.name, np.dtype(t.dtype), t.shape)
-        values = body(g)
-        for t in sig.outputs:
-            g.output(values.get(t.name, t.name), t.name, np.dtype(t.dtype), t.shape)
-        return sig, g.build()
+        return segment_graph(GraphSpec(_name(gs, part), gs.type, L, S, tuple(inputs), tuple(outputs)), store, options, body)
 
     def branch(g, post_norm, scope):  # the reduced partial, through the norm Gemma 3 puts after a block
         return "branch_in" if post_norm is None else layers.rmsnorm(
