@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 

@@ -85,10 +85,6 @@ def _partition(part: dict | None) -> list[str]:
     return out
 
 
-def _span(layers: list[int]) -> str:
-    return f"{layers[0]}..{layers[-1]}" if layers else "-"
-
-
 def _graph(summary: GraphSummary) -> list[str]:
     g = summary.graph
     out = [f"graph {g.name} ({g.type}, {g.lanes} lanes x {g.tokens} tokens) {g.file}"]

@@ -244,7 +244,7 @@ def _gathered(g, spec, flat, weights, idx, w1, w2, half: bool, scope: str) -> st
 
 def _dense(g, spec, flat, weights, idx, logits, w1, w2, half: bool, scope: str) -> str:
     """Every expert on every token, weighted by the routing matrix (zero off each token's top k)."""
-    e_n, h, i_n = spec.moe.num_experts, spec.hidden_size, spec.moe.expert_intermediate_size
+    e_n, i_n = spec.moe.num_experts, spec.moe.expert_intermediate_size
     s = f"{scope}/experts"
     zeros = g.op("ConstantOfShape", [g.op("Shape", [logits], name=f"{s}/route/Shape")], name=f"{s}/route/Zeros")
     route = g.op("ScatterElements", [zeros, idx, weights], name=f"{s}/route/Scatter", axis=1)     # [N, E]

@@ -57,7 +57,7 @@ def tokenizer_info(source: SourceModel, spec: ModelSpec) -> TokenizerInfo:
     else:
         bos_str = tok.id_to_token(bos) if bos is not None else None
         add_bos = _post_processor_adds_bos(json.loads(source.tokenizer_json), bos_str)
-    for name, value in (("bos", bos), ("pad", pad), *((f"eos", e) for e in eos)):
+    for name, value in (("bos", bos), ("pad", pad), *(("eos", e) for e in eos)):
         if value is not None and not 0 <= value < spec.vocab_size:
             raise ModelError("bad_tokenizer", f"{name} token id {value} is outside the model vocabulary 0..{spec.vocab_size - 1}")
     if vocab > spec.vocab_size:
