@@ -15,6 +15,7 @@ import copy
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper
 
@@ -97,7 +98,34 @@ def checker_copy(model: ModelProto) -> ModelProto:
     if moved:
         m.opset_import.append(helper.make_opsetid(UNCHECKED_DOMAIN, 1))
     m.functions.extend(shape_functions(m, STANDARD_DOMAINS))
+    _constants_into_branches(m.graph)
     return m
+
+
+SMALL_CONSTANT = 64   # elements: shapes, axes, scalars
+
+
+def _constants_into_branches(graph) -> None:
+    """Give each If branch its own copy of the small constants it reads from the main graph.
+
+    Shape inference propagates a constant's value (a Reshape's target shape) only within the graph
+    that holds it, so a branch's Reshape to a main-graph constant shape would get unknown dims; a
+    copy under the branch's own name keeps them known. Only the checker's copy is changed."""
+    small = {t.name: t for t in graph.initializer if len(t.dims) <= 1 and int(np.prod(t.dims)) <= SMALL_CONSTANT}
+    for sub in subgraphs(graph):
+        if sub is graph:
+            continue
+        local = {}
+        for node in sub.node:
+            for i, name in enumerate(node.input):
+                if name in small:
+                    if name not in local:
+                        local[name] = f"{name}@{sub.name}"
+                        copy_ = TensorProto()
+                        copy_.CopyFrom(small[name])
+                        copy_.name = local[name]
+                        sub.initializer.append(copy_)
+                    node.input[i] = local[name]
 
 
 def _shape_text(value_type) -> str:
