@@ -33,7 +33,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -74,6 +74,12 @@ class EngineConfig:
     request_timeout_s: float | None = None
     job_timeout_s: float = JOB_TIMEOUT_S     # the longest one device job may take before it counts as failed
     prefix_cache: bool = True                # finished lanes stay warm; a prompt resumes from a matching prefix
+
+    @classmethod
+    def of(cls, options) -> EngineConfig:
+        """The engine's share of a config that carries these options by the same names (the server's
+        flags, one served model's spec); validated here."""
+        return cls(**{f.name: getattr(options, f.name) for f in fields(cls)})
 
     def __post_init__(self):
         if self.max_queue < 0:

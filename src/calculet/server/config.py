@@ -118,11 +118,7 @@ class ServerConfig:
         """The engine's share of the options (validated by EngineConfig itself)."""
         from calculet.engine.engine import EngineConfig
 
-        return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
-                            step_token_budget=self.step_token_budget, burst_prefill_tokens=self.burst_prefill_tokens,
-                            in_flight=self.in_flight,
-                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s,
-                            prefix_cache=self.prefix_cache)
+        return EngineConfig.of(self)
 
     @property
     def url(self) -> str:

@@ -76,11 +76,7 @@ class ModelSpec:
     def engine_config(self) -> EngineConfig:
         from calculet.engine.engine import EngineConfig
 
-        return EngineConfig(max_queue=self.max_queue, max_prefill_tokens=self.max_prefill_tokens,
-                            step_token_budget=self.step_token_budget, burst_prefill_tokens=self.burst_prefill_tokens,
-                            in_flight=self.in_flight,
-                            request_timeout_s=self.request_timeout_s, job_timeout_s=self.job_timeout_s,
-                            prefix_cache=self.prefix_cache)
+        return EngineConfig.of(self)
 
     def name_for(self, calbin: Path, source_path: str | None) -> str:
         """The name clients use: the given one, else the name of what was given to serve."""
