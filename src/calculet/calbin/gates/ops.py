@@ -12,10 +12,10 @@ family per distinct shape signature, so repeated layers read as one line.
 from __future__ import annotations
 
 import copy
+import math
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper
 
@@ -111,7 +111,7 @@ def _constants_into_branches(graph) -> None:
     Shape inference propagates a constant's value (a Reshape's target shape) only within the graph
     that holds it, so a branch's Reshape to a main-graph constant shape would get unknown dims; a
     copy under the branch's own name keeps them known. Only the checker's copy is changed."""
-    small = {t.name: t for t in graph.initializer if len(t.dims) <= 1 and int(np.prod(t.dims)) <= SMALL_CONSTANT}
+    small = {t.name: t for t in graph.initializer if len(t.dims) <= 1 and math.prod(t.dims) <= SMALL_CONSTANT}
     for sub in subgraphs(graph):
         if sub is graph:
             continue

@@ -135,30 +135,25 @@ def _branches(node: NodeProto) -> Iterator[GraphProto]:
             yield from attr.graphs
 
 
-def graph_nodes(graph: GraphProto) -> Iterator[NodeProto]:
-    """The graph's nodes and, depth first, those of every subgraph they hold (an If's branches)."""
-    for node in graph.node:
-        yield node
-        for sub in _branches(node):
-            yield from graph_nodes(sub)
-
-
 def subgraphs(graph: GraphProto) -> Iterator[GraphProto]:
-    """The graph and, depth first, every subgraph its nodes hold."""
+    """The graph and, depth first, every subgraph its nodes hold (an If's branches)."""
     yield graph
     for node in graph.node:
         for sub in _branches(node):
             yield from subgraphs(sub)
 
 
+def graph_nodes(graph: GraphProto) -> Iterator[NodeProto]:
+    """The nodes of the graph and of every subgraph it holds."""
+    return (node for g in subgraphs(graph) for node in g.node)
+
+
 def _read_values(graph: GraphProto) -> set[str]:
     """Every value some node reads, in the graph or in any branch (which may read the enclosing
     graph's values), and the outputs of the graph and of every branch."""
-    used = set()
-    for g in subgraphs(graph):
-        used.update(o.name for o in g.output)
-        for node in g.node:
-            used.update(node.input)
+    used = {o.name for g in subgraphs(graph) for o in g.output}
+    for node in graph_nodes(graph):
+        used.update(node.input)
     return used
 
 
