@@ -32,6 +32,11 @@ FEATURES: dict[str, tuple[str, str | None]] = {
     "amx_int8": ("amx_int8", None),                 # tile matrix multiply (Sapphire Rapids)
 }
 INT8_DOT = ("amx_int8", "avx512_vnni", "avx_vnni")  # any of these: int8 dot products in one instruction
+# Without one of them ONNX Runtime's x86 u8 x s8 GEMM (MatMulInteger, MatMulIntegerToFloat, DynamicQuantizeMatMul)
+# adds each pair of products in 16 bits with saturation (vpmaddubsw): 2 x 255 x 127 overflows 32,767, while
+# 2 x 255 x 63 = 32,130 fits. Measured through benchmarks/isa_view on the default model's 8-row coarse head:
+# full-range codes moved coarse logits by up to 29 % of the row's largest; 7-bit codes match the VNNI result.
+FULL_INT8_RANGE, PAIR_SAFE_INT8_RANGE = 127, 63
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,12 @@ class CpuFeatures:
     def int8_dot(self) -> str | None:
         """The fastest int8 dot-product feature present (amx_int8, avx512_vnni, avx_vnni), or None."""
         return next((f for f in INT8_DOT if f in self.flags), None)
+
+    @property
+    def int8_code_range(self) -> int:
+        """The largest |int8 weight code| ONNX Runtime's u8 x s8 GEMM multiplies exactly on this CPU: 127 with
+        an int8 dot product (or off x86), 63 on x86 without one (16-bit pair sums; see PAIR_SAFE_INT8_RANGE)."""
+        return PAIR_SAFE_INT8_RANGE if self.x86 and self.int8_dot is None else FULL_INT8_RANGE
 
     @property
     def x86(self) -> bool:

@@ -17,7 +17,7 @@ VNNI = CpuFeatures(("avx2", "fma", "f16c", "avx512f", "avx512_vnni"), "test", "x
 
 
 @pytest.mark.parametrize("cpu, policy", [
-    (AVX2, "w4a8"), (VNNI, "default"), (CpuFeatures(("avx2", "avx_vnni"), "t", "x86_64"), "default"),
+    (AVX2, "default"), (VNNI, "default"), (CpuFeatures(("avx2", "avx_vnni"), "t", "x86_64"), "default"),
     (CpuFeatures((), "t", "x86_64"), "fp32"), (CpuFeatures((), "t", "aarch64"), "default")])
 def test_rule(cpu, policy):
     choice = choose_policy(cpu)
@@ -59,7 +59,9 @@ def test_auto_compile_records_the_choice_and_load_warns_on_a_lesser_cpu(tiny_mod
     assert m.isa.choice.assumes == ("avx512_vnni",) and m.isa.compile_cpu.flags[-1] == "avx512_vnni"
     assert load_warnings(m, VNNI) == []
     lesser = load_warnings(m, AVX2)
-    assert any("lacks avx512_vnni" in w for w in lesser) and any("would choose 'w4a8'" in w for w in lesser)
+    assert any("lacks avx512_vnni" in w for w in lesser)
+    assert any(w.startswith("lm_head.coarse8: full-range int8 codes") for w in lesser)   # 16-bit pair sums there
+    assert m.quantization.tensors["lm_head.coarse8"].code_range == 127
 
     monkeypatch.setenv(ENV, "avx2,fma,f16c")   # the runtime checks the loading CPU and keeps what it logged
     from calculet.runtime.program import Program
@@ -69,9 +71,20 @@ def test_auto_compile_records_the_choice_and_load_warns_on_a_lesser_cpu(tiny_mod
     out2 = compile_calbin(str(tiny_model_dir("llama")), tmp_path / "a.calbin",
                           CompileOptions(lanes=2, context=32, prefill_chunks=(4,), golden=False), log=lambda _m: None)
     m2 = read_manifest(out2)
-    assert m2.quantization.policy == "w4a8" and "AVX2 without VNNI" in m2.isa.choice.reason
-    assert {t.kind for t in m2.quantization.tensors.values() if t.module == "mlp"} == {"int4"}
-    assert load_warnings(m2, AVX2) == []
+    assert m2.quantization.policy == "default" and "AVX2 without VNNI" in m2.isa.choice.reason
+    assert "gate F" in m2.isa.choice.reason       # why not w4a8, which is faster there
+    assert {t.kind for t in m2.quantization.tensors.values() if t.module == "mlp"} == {"int8"}
+    assert m2.quantization.tensors["lm_head.coarse8"].code_range == 63
+    codes = _stored(out2, m2, "lm_head.coarse8.weight")
+    assert codes.dtype.name == "int8" and int(abs(codes.astype(int)).max()) == 63   # 7 bits, used to the full
+    assert load_warnings(m2, AVX2) == [] and load_warnings(m2, VNNI) == []
+
+
+def _stored(calbin, manifest, name):
+    import numpy as np
+    t = next(t for t in manifest.weights.tensors if t.name == name)
+    raw = np.fromfile(calbin / manifest.weights.file, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+    return raw.view(t.dtype).reshape(t.shape)
 
 
 def test_cache_key_of_auto_follows_the_cpu(monkeypatch):

@@ -4,25 +4,30 @@ The compiler writes it (compiler/isa_policy.py); the runtime calls `load_warning
 CPU's features and logs what it returns. A calbin without the section (compiled before it existed)
 stays readable: `Manifest.isa` is then None and only the kernel checks run.
 
-`--weights auto` picks the weight policy whose ONNX Runtime kernels are fastest on the CPU.
-The rule, for the cpu target (x86; what ONNX Runtime's MLAS dispatches for MatMulNBits, read in
-onnxruntime/core/mlas/lib/qnbitgemm.cpp, platform.cpp and the sqnbitgemm_kernel_avx*.cpp tables):
+`--weights auto` picks the weight policy whose ONNX Runtime kernels are fastest on the CPU among
+those that pass golden gate F. The rule, for the cpu target (x86; what ONNX Runtime's MLAS dispatches
+for MatMulNBits, read in onnxruntime/core/mlas/lib/qnbitgemm.cpp, platform.cpp and the
+sqnbitgemm_kernel_avx*.cpp tables):
 
     CPU has                       policy    why
     AMX / AVX-512 VNNI / AVX-VNNI default   int8 weights, int8 compute (accuracy_level 4): the 8-bit
                                             kernel's dot products are one vpdpbusd per 4 bytes
-    AVX2 (no VNNI)                w4a8      the int8 dot product is emulated (vpmaddubsw + vpmaddwd);
-                                            decode stays bound by weight bytes, so 4-bit blocks
-                                            (half the bytes of 8-bit) with int8 compute win
+    AVX2 (no VNNI)                default   the same kernels with the dot product emulated
+                                            (vpmaddubsw + vpmaddwd); its integer sums are exact, so
+                                            results equal the VNNI kernels' to float rounding (4e-7
+                                            relative; checked through benchmarks/isa_view)
     no AVX2                       fp32      MLAS registers its n-bit GEMM kernels from AVX2 up;
                                             below, MatMulNBits dequantizes every weight per call
-    not x86                       default   the rule covers x86 only
 
-Evidence for the AVX2 row, measured on an AVX2-only AMD EPYC (family 25 model 1: AVX2, FMA, F16C;
-no AVX-512, no VNNI) with the default model, 1 stream, 2 threads (issue 14): default 54.0 tok/s,
-TTFT 531 ms; w4a8 59.9 tok/s, 394 ms; int4 (fp32 compute) 34.4 tok/s. 8 streams: default 104,
-w4a8 99 tok/s: a wash at 8 rows, so the 1-stream and TTFT gains decide. w4a8 is lossier (int4
-codes; golden gate F uses the int4 bounds). CALCULET_CPU_FEATURES simulates another CPU.
+Why not w4a8 on AVX2, though it was faster there: on an AVX2-only AMD EPYC (family 25 model 1: AVX2,
+FMA, F16C; no AVX-512, no VNNI), default model, 1 stream, 2 threads (issue 14): default 54.0 tok/s,
+TTFT 531 ms; w4a8 59.9 tok/s, 394 ms; 8 streams default 104, w4a8 99 tok/s. But w4a8 fails golden
+gate F on the default model on either kind of CPU (teacher-forced agreement 0.69 against the 0.70
+the int4 bounds ask; max logit error 6.4-6.8; over 100 prompts 0.60 and perplexity 35 against 14:
+the GGUF's 4- and 6-bit grids re-quantized to int4 blocks compound), so `auto` no longer picks it.
+The AVX2 build differs from the VNNI one in two passes instead: prefill-int8 stays off, and the
+coarse head's several-row int8 copy keeps 7-bit codes (CpuFeatures.int8_code_range), because there
+the u8 x s8 GEMM adds pairs of products in 16 bits. CALCULET_CPU_FEATURES simulates another CPU.
 """
 
 from __future__ import annotations
@@ -61,8 +66,8 @@ class IsaInfo:
 
 
 AUTO = "auto"
-_AVX2_EVIDENCE = ("AVX2-only EPYC, default model, 1 stream: w4a8 59.9 vs default 54.0 tok/s, TTFT 394 vs 531 ms "
-                  "(issue 14)")
+_AVX2_EVIDENCE = ("AVX2-only EPYC, default model, 1 stream: w4a8 59.9 vs default 54.0 tok/s, but teacher-forced "
+                  "agreement 0.69 on the golden set (issue 14)")
 
 
 def choose_policy(cpu: CpuFeatures) -> PolicyChoice:
@@ -76,9 +81,9 @@ def choose_policy(cpu: CpuFeatures) -> PolicyChoice:
                             "(accuracy_level 4) does its dot products in one instruction; int8 weights keep the "
                             "default numerics", (dot,))
     if cpu.has("avx2"):
-        return PolicyChoice(AUTO, "w4a8", "AVX2 without VNNI: ONNX Runtime emulates int8 dot products "
-                            "(vpmaddubsw + vpmaddwd), so decode is bound by weight bytes and 4-bit blocks with int8 "
-                            f"compute are faster than 8-bit ones; {_AVX2_EVIDENCE}", ("avx2",))
+        return PolicyChoice(AUTO, "default", "AVX2 without VNNI: ONNX Runtime emulates the 8-bit kernel's int8 dot "
+                            "products (vpmaddubsw + vpmaddwd) with exact integer sums; w4a8 would be faster at 1 stream but fails "
+                            f"golden gate F on GGUF sources ({_AVX2_EVIDENCE})", ("avx2",))
     return PolicyChoice(AUTO, "fp32", "no AVX2: ONNX Runtime registers its n-bit MatMulNBits kernels from AVX2 up, "
                         "below that every quantized matmul dequantizes its weight per call; fp32 uses SGEMM")
 
@@ -99,6 +104,15 @@ def slow_8bit_tensors(manifest) -> int:
                if f.kind == "int8" and f.compute == "fp32" and f.module != "embedding")
 
 
+def wide_int8_tensors(manifest, now: CpuFeatures) -> list[str]:
+    """The int8 tensors meant for u8 x s8 GEMMs whose codes exceed what `now`'s kernel multiplies exactly
+    (CpuFeatures.int8_code_range). A calbin from before the field stored 127."""
+    limit = now.int8_code_range
+    return [name for name, f in manifest.quantization.tensors.items()
+            if f.code_range is not None and f.code_range > limit
+            or f.code_range is None and name == "lm_head.coarse8" and limit < 127]
+
+
 def load_warnings(manifest, now: CpuFeatures) -> list[str]:
     """What to tell the operator when `manifest`'s calbin is loaded on `now`: features the compile-time
     choice assumed but this CPU lacks, a different choice `auto` would make here, known-slow kernels."""
@@ -117,6 +131,12 @@ def load_warnings(manifest, now: CpuFeatures) -> list[str]:
         out.append(f"this calbin's prefill chunks use per-token u8 x s8 GEMMs (the prefill-int8 pass), built on a CPU "
                    f"with an int8 dot product; this one ({now.label}) has none, so ONNX Runtime's kernel may saturate "
                    "16-bit pair sums and prefill logits may drift: recompile on this machine (the pass then stays off)")
+    wide = wide_int8_tensors(manifest, now)
+    if wide:
+        out.append(f"{', '.join(wide)}: full-range int8 codes for a u8 x s8 GEMM, built on a CPU with an int8 dot "
+                   f"product; on this one ({now.label}) ONNX Runtime adds pairs of products in 16 bits and saturates, "
+                   "so those products drift (the coarse head's candidates are still rescored exactly): recompile on "
+                   "this machine (its codes then keep 7 bits)")
     slow = slow_8bit_tensors(manifest)
     if manifest.target == "cpu" and slow:
         out.append(f"{slow} weight(s) use {SLOW_8BIT}; recompile with --weights default (the same int8 "

@@ -212,6 +212,8 @@ class TensorFormat:
     exact_blocks: float | None = None   # share of blocks re-encoded exactly (values already on a grid)
     max_abs_error: float | None = None
     role: str | None = None             # a helper copy's job, e.g. the coarse lm_head's candidate selection
+    code_range: int | None = None       # int8 codes for u8 x s8 GEMMs: the largest |code| (127, or 63 for a CPU
+                                        # without an int8 dot product: cpu_features.PAIR_SAFE_INT8_RANGE)
 
     @property
     def quantized(self) -> bool:

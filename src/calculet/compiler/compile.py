@@ -35,7 +35,7 @@ from calculet.compiler.quantize import policy_table, store_weights
 from calculet.compiler.tokenizer import tokenizer_info
 from calculet.compiler.weight_plan import check_stored, weight_plan
 from calculet.compiler.weights import WEIGHTS_FILE, WeightStore
-from calculet.cpu_features import detect
+from calculet.cpu_features import FULL_INT8_RANGE, detect
 from calculet.errors import ModelError
 from calculet.models import family_for
 from calculet.sources.base import SourceModel
@@ -126,7 +126,9 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     table = policy_table(options.weights, options.block_size)
     with _progress(len(source.tensors), f"weights ({options.weights})", "tensor") as bar:
         check_layers(options.quant, spec.num_layers)
-        quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions, options.quant)
+        code_range = isa.compile_cpu.int8_code_range if isa is not None else FULL_INT8_RANGE
+        quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions, options.quant,
+                                     code_range)
     rope = G.add_rope_tables(spec, profile.context, weights)
     if options.prefill_int8_outliers and not prefill_int8.projections(spec, weights):
         options = replace(options, prefill_int8_outliers=0)   # no int8 qkv or gate/up projection to run that way

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from calculet.compiler.weights import QuantInfo
+from calculet.cpu_features import FULL_INT8_RANGE
 from calculet.errors import RequestError
 
 _GRID_CANDIDATES = (127, 16, 15, 32, 31, 64, 63, 8, 7, 4, 3, 2, 1)
@@ -206,11 +207,13 @@ def _packed(weights, fusions: frozenset[str]):
 
 
 def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, progress=None,
-                  fusions: frozenset[str] = frozenset(), overrides: tuple = ()) -> dict[str, dict]:
+                  fusions: frozenset[str] = frozenset(), overrides: tuple = (),
+                  code_range: int = FULL_INT8_RANGE) -> dict[str, dict]:
     """Run the family's weights through the policy into the store; returns the per-tensor record.
 
     `overrides` (compiler/quant_spec.py, from --quant) replace the table's format per module class,
-    and per layer for attention and MLP weights.
+    and per layer for attention and MLP weights. `code_range` bounds the int8 codes that meet u8
+    activations in an integer GEMM (the coarse head's several-row copy): CpuFeatures.int8_code_range.
 
     Linear weights arrive as [in, out] (MatMul layout) and are quantized as [out, in] rows. With tied
     embeddings and a quantized embedding, one set of int8 codes serves both the lookup and the lm_head.
@@ -269,7 +272,7 @@ def store_weights(spec, family, tensors, table: dict[str, QuantFormat], store, p
         if progress is not None:
             progress.update(1)
     if "coarse-head" in fusions:
-        _add_coarse_head(spec, store, record, table)
+        _add_coarse_head(spec, store, record, table, code_range)
     return record
 
 
@@ -291,7 +294,7 @@ def _put_half(spec, store, record: dict, name: str, array: np.ndarray, cls: str,
     record[name] = {"kind": "fp16", "block": 0, "compute": "fp16", "module": cls, "max_abs_error": err}
 
 
-def _add_coarse_head(spec, store, record: dict, table: dict) -> None:
+def _add_coarse_head(spec, store, record: dict, table: dict, code_range: int = FULL_INT8_RANGE) -> None:
     """The "coarse-head" pass: an int4 copy of an int8 lm_head picks K candidates per row, and the
     candidates are rescored exactly from the int8 codes (GatherBlockQuantized rows . hidden). The
     int4 matrix is half the bytes a decode step must read; the answer for greedy and top-k <= K is
@@ -317,11 +320,12 @@ def _add_coarse_head(spec, store, record: dict, table: dict) -> None:
                                 "max_abs_error": put.max_abs_error, "role": "candidate selection (1 row); rescored from " + head}
     # For several rows at once ONNX Runtime's int8 GEMM (DynamicQuantizeMatMul, per-column scales)
     # beats the block kernels: measured 9.2 ms vs 13.0 ms (int4) for 8 rows of the default model's head.
-    scale = np.maximum(np.abs(w).max(axis=1), 1e-30) / 127.0                       # [V]
-    codes8 = np.clip(np.round(w / scale[:, None]), -127, 127).astype(np.int8)     # [V, H]
+    # Its u8 x s8 GEMM saturates 16-bit pair sums on x86 without VNNI/AMX: there the codes keep 7 bits.
+    scale = np.maximum(np.abs(w).max(axis=1), 1e-30) / code_range                  # [V]
+    codes8 = np.clip(np.round(w / scale[:, None]), -code_range, code_range).astype(np.int8)  # [V, H]
     store.add("lm_head.coarse8.weight", np.ascontiguousarray(codes8.T))            # [H, V]
     store.add("lm_head.coarse8.scale", scale.astype(np.float32))
     err = float(np.abs(codes8 * scale[:, None] - w).max())
     record["lm_head.coarse8"] = {"kind": "int8", "block": info.k, "compute": "int8", "module": "lm_head",
-                                 "exact_blocks": 0.0, "max_abs_error": err,
+                                 "exact_blocks": 0.0, "max_abs_error": err, "code_range": code_range,
                                  "role": "candidate selection (several rows, per-column scales); rescored from " + head}

@@ -1,0 +1,112 @@
+"""benchmarks/isa_view: ONNX Runtime answering CPUID as an AVX2-only CPU runs that CPU's kernels, and
+the AVX2 build's several-row coarse head is exact on them while a VNNI build's is not (16-bit pair sums).
+
+The view is built once per module (a copy of the installed onnxruntime with its CPUID instructions
+rewritten, and a small C handler); it needs a C compiler and objdump, and an x86 CPU with AVX2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calculet.calbin.manifest import read_manifest
+from calculet.compiler.compile import compile_calbin
+from calculet.compiler.options import CompileOptions
+from calculet.cpu_features import ENV, detect
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "isa_view"))
+import make_view  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("objdump") is None or shutil.which(os.environ.get("CC", "cc")) is None
+    or not detect().has("avx2"),
+    reason="the ISA view needs objdump, a C compiler and an x86 CPU with AVX2")
+
+
+@pytest.fixture(scope="module")
+def view(tmp_path_factory):
+    out = tmp_path_factory.mktemp("isa_view")
+    assert make_view.main(["--out", str(out)]) == 0
+    return out
+
+
+def _in_view(view: Path, code: str, *args: str) -> dict:
+    env = dict(os.environ, LD_PRELOAD=str(view / "cpuid_view.so"),
+               PYTHONPATH=os.pathsep.join([str(view / "site"), os.environ.get("PYTHONPATH", "")]),
+               **{ENV: make_view.FEATURES})
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+U8S8 = r"""
+import json, numpy as np, onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+rng = np.random.default_rng(0)
+w = rng.integers(-127, 128, (64, 256), dtype=np.int8)
+a = np.full((4, 64), 255, np.uint8)
+g = helper.make_graph([helper.make_node("MatMulInteger", ["a", "w"], ["c"])], "g",
+                      [helper.make_tensor_value_info("a", TensorProto.UINT8, [4, 64])],
+                      [helper.make_tensor_value_info("c", TensorProto.INT32, [4, 256])], [numpy_helper.from_array(w, "w")])
+s = ort.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString(),
+                         providers=["CPUExecutionProvider"])
+c = s.run(None, {"a": a})[0]
+print(json.dumps({"ort": ort.__file__, "error": int(np.abs(c.astype(np.int64) - a.astype(np.int64) @ w).max())}))
+"""
+
+
+def test_view_runs_the_avx2_kernels(view):
+    """Under the view the package imported is the patched copy, and its u8 x s8 GEMM is the AVX2 one: with
+    full-range codes its 16-bit pair sums saturate (the VNNI kernel, and exact int64 arithmetic, do not)."""
+    got = _in_view(view, U8S8)
+    assert got["ort"].startswith(str(view / "site"))
+    assert got["error"] > 1000
+
+
+HEAD = r"""
+import json, sys, numpy as np, onnxruntime as ort
+from pathlib import Path
+from calculet.calbin.manifest import read_manifest
+calbin = Path(sys.argv[1]); m = read_manifest(calbin)
+graph = next(g for g in m.graphs if g.type == "head" and g.name != "head_1")
+s = ort.InferenceSession(str(calbin / graph.file), providers=["CPUExecutionProvider"])
+rows, hidden = s.get_inputs()[0].shape
+x = np.ones((rows, hidden), np.float32)                  # every activation code 255: the largest pair sums
+x[1] = -np.linspace(0.5, 1.5, hidden, dtype=np.float32)
+coarse = s.run(["logits"], {"hidden": x})[0]
+def stored(name):
+    t = next(t for t in m.weights.tensors if t.name == name)
+    return np.fromfile(calbin / m.weights.file, np.uint8, count=t.nbytes, offset=t.offset).view(t.dtype).reshape(t.shape)
+codes, scale = stored("lm_head.coarse8.weight").astype(np.int64), stored("lm_head.coarse8.scale")
+row = np.maximum(np.abs(x).max(axis=1, keepdims=True), 1e-30) / np.float32(127)
+q = np.clip(np.rint(x / row) + 128, 0, 255).astype(np.int64) - 128
+exact = (q @ codes).astype(np.float64) * scale
+print(json.dumps({"graph": graph.name, "error": float(np.abs(coarse - exact).max() / np.abs(exact).max())}))
+"""
+
+
+@pytest.mark.parametrize("features, code_range, exact", [
+    ("avx2,fma,f16c", 63, True), ("avx2,fma,f16c,avx512f,avx512_vnni", 127, False)])
+def test_avx2_build_coarse_head_is_exact_on_avx2_kernels(view, tiny_model_dir, tmp_path, monkeypatch,
+                                                         features, code_range, exact):
+    """The AVX2 build keeps the several-row coarse head's codes within 7 bits, so the AVX2 kernel's
+    16-bit pair sums never saturate and the product equals exact arithmetic; a VNNI build's full-range
+    codes loaded there drift (load_warnings says so)."""
+    monkeypatch.setenv(ENV, features)
+    out = compile_calbin(str(tiny_model_dir("llama")), tmp_path / "c.calbin",
+                         CompileOptions(lanes=2, context=32, prefill_chunks=(4,), golden=False), log=lambda _m: None)
+    assert read_manifest(out).quantization.tensors["lm_head.coarse8"].code_range == code_range
+    got = _in_view(view, HEAD, str(out))
+    assert got["graph"] == "head_2"
+    if exact:
+        assert got["error"] < 1e-5, got
+    else:
+        assert got["error"] > 1e-3, got
