@@ -110,3 +110,24 @@ def test_avx2_build_coarse_head_is_exact_on_avx2_kernels(view, tiny_model_dir, t
         assert got["error"] < 1e-5, got
     else:
         assert got["error"] > 1e-3, got
+
+
+GREEDY = r"""
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from decoding import generate_on_calbin
+print(json.dumps({"tokens": generate_on_calbin(sys.argv[1], list(range(3, 40)), 8).tokens}))
+"""
+
+
+def test_avx2_build_decodes_the_same_on_avx2_kernels(view, tiny_model_dir, tmp_path, monkeypatch):
+    """The AVX2 build's integer GEMMs (prefill-int8 as u8 x u8, the 7-bit coarse head, MatMulNBits) are
+    exact on the AVX2 kernels too: the greedy tokens under the view are the ones this CPU's kernels give."""
+    from decoding import generate_on_calbin
+
+    monkeypatch.setenv(ENV, "avx2,fma,f16c")
+    out = compile_calbin(str(tiny_model_dir("llama")), tmp_path / "g.calbin",
+                         CompileOptions(lanes=2, context=64, prefill_chunks=(4, 16), golden=False), log=lambda _m: None)
+    assert "prefill-int8" in read_manifest(out).passes
+    got = _in_view(view, GREEDY, str(out), str(ROOT / "tests"))
+    assert got["tokens"] == list(generate_on_calbin(out, list(range(3, 40)), 8).tokens)

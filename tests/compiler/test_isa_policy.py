@@ -73,11 +73,12 @@ def test_auto_compile_records_the_choice_and_load_warns_on_a_lesser_cpu(tiny_mod
     m2 = read_manifest(out2)
     assert m2.quantization.policy == "default" and "AVX2 without VNNI" in m2.isa.choice.reason
     assert "gate F" in m2.isa.choice.reason       # why not w4a8, which is faster there
-    assert {t.kind for t in m2.quantization.tensors.values() if t.module == "mlp"} == {"int8"}
+    assert {t.kind for t in m2.quantization.tensors.values() if t.module == "mlp" and t.role is None} == {"int8"}
     assert m2.quantization.tensors["lm_head.coarse8"].code_range == 63
     codes = _stored(out2, m2, "lm_head.coarse8.weight")
     assert codes.dtype.name == "int8" and int(abs(codes.astype(int)).max()) == 63   # 7 bits, used to the full
-    assert load_warnings(m2, AVX2) == [] and load_warnings(m2, VNNI) == []
+    assert load_warnings(m2, AVX2) == []
+    assert [w for w in load_warnings(m2, VNNI) if "u8 x u8" not in w] == []   # only: its prefill GEMMs are slower there
 
 
 def _stored(calbin, manifest, name):

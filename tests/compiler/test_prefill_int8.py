@@ -69,20 +69,39 @@ def test_prefill_graphs_take_the_int8_gemm_and_decode_keeps_the_blocks(arch, tin
     assert names["model.layers.0.mlp.gate_up_proj.weight.rows8.weight"].dtype == "int8"
 
 
-def test_the_pass_stays_off_where_it_cannot_run(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV, "avx2,fma,f16c")
-    logs = []
-    path = compile_calbin(str(tiny_model_dir("llama")), tmp_path / "avx2.calbin",
-                          CompileOptions(lanes=2, context=64, prefill_chunks=(4, 16), golden=False, weights="default",
-                                         prefill_int8_outliers=32), log=logs.append)
-    assert "prefill-int8" not in read_manifest(path).passes
-    assert _ops(path, "prefill_16")["MatMulIntegerToFloat"] == 0
-    assert any("prefill-int8 pass off" in line and "int8 dot product" in line for line in logs)
+def test_without_an_int8_dot_the_pass_keeps_its_codes_as_uint8(tiny_model_dir, tmp_path, monkeypatch):
+    """On x86 without VNNI/AMX ONNX Runtime's u8 x s8 GEMM saturates 16-bit pair sums, so there the pass
+    stores the same codes as uint8 + 128 for the exact u8 x u8 kernel: the graphs differ only in B's zero
+    point, and the greedy tokens are the VNNI build's (the integer products are exact either way)."""
+    builds = {}
+    for name, flags in (("vnni", VNNI_FLAGS), ("avx2", "avx2,fma,f16c")):
+        monkeypatch.setenv(ENV, flags)
+        builds[name] = _compile(tiny_model_dir("llama"), tmp_path / f"{name}.calbin", 32)
+    m = {k: read_manifest(p) for k, p in builds.items()}
+    layers = m["avx2"].model.hyperparameters.num_layers
+    assert "prefill-int8" in m["avx2"].passes
+    assert _ops(builds["avx2"], "prefill_16")["MatMulIntegerToFloat"] == 3 * layers
+    name = "model.layers.0.mlp.gate_up_proj.weight.rows8.weight"
+    codes = {}
+    for k, path in builds.items():
+        t = next(t for t in m[k].weights.tensors if t.name == name)
+        codes[k] = np.fromfile(path / m[k].weights.file, np.uint8, count=t.nbytes, offset=t.offset).view(t.dtype)
+    assert codes["avx2"].dtype == np.uint8 and codes["vnni"].dtype == np.int8
+    assert np.array_equal(codes["avx2"].astype(np.int16) - 128, codes["vnni"])
+    assert "u8 x u8" in m["avx2"].quantization.tensors[name.removesuffix(".weight")].role
+    prompt = list(range(3, 40))
+    assert generate_on_calbin(builds["avx2"], prompt, 8).tokens == generate_on_calbin(builds["vnni"], prompt, 8).tokens
+
+
+def test_the_pass_stays_off_where_it_cannot_run():
     vnni = CpuFeatures(tuple(VNNI_FLAGS.split(",")), "test", "x86_64")
     assert "portable" in prefill_int8.applicable(CompileOptions(target="portable", weights="int8",
                                                                 prefill_int8_outliers=8), vnni)
     assert prefill_int8.applicable(CompileOptions(prefill_int8_outliers=0), vnni).startswith("off")
     assert prefill_int8.applicable(CompileOptions(prefill_int8_outliers=8), vnni) is None
+    assert prefill_int8.applicable(CompileOptions(prefill_int8_outliers=8), AVX2) is None
+    assert "not x86" in prefill_int8.applicable(CompileOptions(prefill_int8_outliers=8),
+                                                CpuFeatures((), "test", "aarch64"))
     with pytest.raises(Exception, match="prefill-int8-outliers"):
         CompileOptions(prefill_int8_outliers=-1)
 
@@ -92,6 +111,11 @@ def test_loading_on_a_cpu_without_int8_dot_warns(tiny_model_dir, tmp_path, monke
     m = read_manifest(_compile(tiny_model_dir("llama"), tmp_path / "on.calbin", 8))
     assert any("prefill-int8" in w and "saturate" in w for w in load_warnings(m, AVX2))
     assert not any("prefill-int8" in w for w in load_warnings(m, CpuFeatures(tuple(VNNI_FLAGS.split(",")), "t", "x86_64")))
+    monkeypatch.setenv(ENV, "avx2,fma,f16c")     # the AVX2 build (uint8 codes) is exact there, slower on VNNI
+    m2 = read_manifest(_compile(tiny_model_dir("llama"), tmp_path / "avx2.calbin", 8))
+    assert not any("prefill-int8" in w for w in load_warnings(m2, AVX2))
+    assert any("u8 x u8" in w and "recompile" in w
+               for w in load_warnings(m2, CpuFeatures(tuple(VNNI_FLAGS.split(",")), "t", "x86_64")))
 
 
 def _store_with(w: np.ndarray, name: str) -> WeightStore:

@@ -127,10 +127,17 @@ def load_warnings(manifest, now: CpuFeatures) -> list[str]:
         if manifest.target == "cpu" and isa.choice.requested == AUTO and here != isa.choice.chosen:
             out.append(f"`--weights auto` would choose {here!r} on this CPU ({now.label}); this calbin holds "
                        f"{isa.choice.chosen!r}: recompile on this machine for its fastest policy")
-    if "prefill-int8" in manifest.passes and now.int8_dot is None:
-        out.append(f"this calbin's prefill chunks use per-token u8 x s8 GEMMs (the prefill-int8 pass), built on a CPU "
-                   f"with an int8 dot product; this one ({now.label}) has none, so ONNX Runtime's kernel may saturate "
-                   "16-bit pair sums and prefill logits may drift: recompile on this machine (the pass then stays off)")
+    if "prefill-int8" in manifest.passes:
+        stored = {t.dtype for t in manifest.weights.tensors if t.name.endswith(".rows8.weight")}
+        if stored == {"int8"} and now.int8_code_range < 127:
+            out.append(f"this calbin's prefill chunks use per-token u8 x s8 GEMMs with full-range codes (the "
+                       f"prefill-int8 pass), built on a CPU with an int8 dot product; on this one ({now.label}) ONNX "
+                       "Runtime's kernel saturates 16-bit pair sums and prefill logits may drift: recompile on this "
+                       "machine (the pass then stores its codes as uint8 for the exact u8 x u8 kernel)")
+        elif stored == {"uint8"} and now.int8_code_range == 127:
+            out.append(f"this calbin's prefill chunks use u8 x u8 GEMMs (the prefill-int8 pass as built for a CPU "
+                       f"without an int8 dot product); this one ({now.label}) has one, where u8 x s8 is about twice as "
+                       "fast: recompile on this machine")
     wide = wide_int8_tensors(manifest, now)
     if wide:
         out.append(f"{', '.join(wide)}: full-range int8 codes for a u8 x s8 GEMM, built on a CPU with an int8 dot "

@@ -135,7 +135,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     if options.prefill_int8_outliers:   # calibrated on a probe build of the same source (compiler/prefill_int8.py)
         outliers = prefill_int8.calibrate(source_arg, options, spec, weights,
                                           tok.bos_token_id if tok.add_bos_token else None, source.tokenizer_json, log)
-        prefill_int8.add_weights(weights, quant_record, outliers)
+        prefill_int8.add_weights(weights, quant_record, outliers, code_range)
     check_stored(weight_plan(spec, options), weights, quant_record)  # `calculet plan` lists the same bytes
     if options.chips == 1:  # a partitioned calbin stores each chip's share under chips/<c>/ instead
         with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:

@@ -23,8 +23,13 @@ a 128-token chunk 4.0 -> 2.1 ms (best of 7), o_proj 14.9 -> 7.3 + 2.1 ms of a pr
 layers); in a torch simulation over the golden set, teacher-forced agreement 0.979 with k = 32 on
 qkv and gate/up, 0.984 with o_proj as well (the block kernels: 0.964).
 
-Why a VNNI CPU only: without it ONNX Runtime's u8 x s8 kernel adds pairs of products in 16 bits
-(vpmaddubsw), which can saturate with full-range codes; VNNI's vpdpbusd accumulates in 32 bits.
+On a CPU without an int8 dot product (x86 without VNNI/AMX) ONNX Runtime's u8 x s8 kernel adds pairs
+of products in 16 bits (vpmaddubsw) and saturates with full-range codes, while its u8 x u8 kernel
+widens to 16 bits first and is exact. There the weights are stored as uint8 (the int8 codes + 128,
+zero point 128): the same codes, so the same numerics as the VNNI build, at 1.3x the u8 x s8 time
+(128 x 640 x 4,096 through benchmarks/isa_view: 2.83 against 2.16 ms, which saturates). The whole
+200-token prefill then took 0.62x the block kernels' time with 7-bit signed codes there (which
+failed gate F's top-10 overlap); CpuFeatures.int8_code_range says which CPU is which.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
-from calculet.cpu_features import CpuFeatures
+from calculet.cpu_features import FULL_INT8_RANGE, CpuFeatures
 from calculet.models.base import ModelSpec
 
 CALIBRATION_TOKENS = 128   # one prefill chunk per passage
@@ -94,9 +99,8 @@ def applicable(options, cpu: CpuFeatures) -> str | None:
         return "one chip only"
     if getattr(options, "probes", False):
         return "a probe build keeps the plain kernels"
-    if cpu.int8_dot is None:
-        return (f"this CPU ({cpu.label}) has no int8 dot product (VNNI/AMX): ONNX Runtime's u8 x s8 kernel "
-                "could saturate 16-bit pair sums")
+    if not cpu.x86:
+        return f"this CPU ({cpu.label}) is not x86: ONNX Runtime's int8 GEMMs there were not measured"
     return None
 
 
@@ -160,10 +164,13 @@ def _probe_runs(calbin: Path, prompts: list[list[int]], modules: set[str]):
         yield probe_rows(graph, names, session.run(names, first_chunk_feeds(graph, ids)), len(ids))
 
 
-def add_weights(store, record: dict, outliers: dict[str, np.ndarray]) -> None:
+def add_weights(store, record: dict, outliers: dict[str, np.ndarray], code_range: int = FULL_INT8_RANGE) -> None:
     """Per projection: int8 codes per output column [in, out] with the outlier rows zeroed, their
     scales [out] and the outlier rows in float32 [k, out] (stored); their ids [k] go inline into the
-    prefill graphs and into the quantization record. W is the block codes' exact value."""
+    prefill graphs and into the quantization record. W is the block codes' exact value. Where the
+    CPU's u8 x s8 GEMM would saturate (`code_range` below 127: CpuFeatures.int8_code_range) the codes
+    are stored as uint8 around 128, for the exact u8 x u8 kernel."""
+    unsigned = code_range < FULL_INT8_RANGE
     for weight, ids in outliers.items():
         info = store.quant(weight)
         codes, scales = store.array(f"{weight}.qcodes"), store.array(f"{weight}.qscales")
@@ -172,7 +179,8 @@ def add_weights(store, record: dict, outliers: dict[str, np.ndarray]) -> None:
         inliers[:, ids] = 0.0
         scale = np.maximum(np.abs(inliers).max(axis=1), 1e-30) / 127.0                          # [out]
         codes8 = np.clip(np.round(inliers / scale[:, None]), -127, 127).astype(np.int8)
-        store.add(f"{weight}.rows8.weight", np.ascontiguousarray(codes8.T))                      # [in, out]
+        stored = (codes8.astype(np.int16) + 128).astype(np.uint8) if unsigned else codes8
+        store.add(f"{weight}.rows8.weight", np.ascontiguousarray(stored.T))                      # [in, out]
         store.add(f"{weight}.rows8.scale", scale.astype(np.float32))
         store.add(f"{weight}.outliers.weight", np.ascontiguousarray(w[:, ids].T))                # [k, out]
         store.inline[f"{weight}.outliers.ids"] = ids
@@ -182,7 +190,9 @@ def add_weights(store, record: dict, outliers: dict[str, np.ndarray]) -> None:
                                                "role": "prefill chunks: the float32 input channels of the int8 GEMM"}
         record[f"{weight}.rows8"] = {"kind": "int8", "block": info.k, "compute": "int8", "module": module,
                                      "max_abs_error": err,
-                                     "role": f"prefill chunks: per-token int8 GEMM; {len(ids)} input channels in float32 "
+                                     "role": f"prefill chunks: per-token int8 GEMM"
+                                             f"{' (codes stored as uint8 + 128: u8 x u8)' if unsigned else ''}; "
+                                             f"{len(ids)} input channels in float32 "
                                              f"({weight}.outliers): {', '.join(str(int(i)) for i in ids)}"}
 
 
@@ -203,8 +213,11 @@ def per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scop
                          g.const(127.0, np.float32)], name=f"{scope}/RowScale")                    # [R, 1]
     codes = g.op("QuantizeLinear", [x, g.op("Reshape", [scale, g.const([rows_n])], name=f"{scope}/Scales"),
                                     g.const(np.full(rows_n, 128), np.uint8)], name=f"{scope}/QuantizeRows", axis=0)
-    product = g.op("MatMulIntegerToFloat", [codes, g.weight(f"{weight}.weight"), g.const(1.0, np.float32),
-                                            g.weight(f"{weight}.scale"), g.const(128, np.uint8)],
+    inputs = [codes, g.weight(f"{weight}.weight"), g.const(1.0, np.float32), g.weight(f"{weight}.scale"),
+              g.const(128, np.uint8)]
+    if g.weights.array(f"{weight}.weight").dtype == np.uint8:   # add_weights' u8 codes around 128
+        inputs.append(g.const(128, np.uint8))
+    product = g.op("MatMulIntegerToFloat", inputs,
                    name=f"{scope}/MatMulIntegerToFloat", domain=MS_DOMAIN)                         # [R, V]
     return product, scale
 

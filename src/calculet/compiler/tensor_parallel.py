@@ -38,6 +38,7 @@ from calculet.compiler.kv_layout import layer_lengths
 from calculet.compiler.partition import ChipBuild, chip_graphs, segment_graph
 from calculet.compiler.quantize import policy_table, store_weights
 from calculet.compiler.weights import WeightStore
+from calculet.cpu_features import detect
 from calculet.errors import RequestError
 from calculet.models.base import ModelSpec
 
@@ -127,7 +128,7 @@ def build_tp(spec: ModelSpec, logical: list[GraphSpec], _weights, _rope, options
         nspec = narrow_spec(spec, heads, kv, ffn)
         store = WeightStore()
         record = store_weights(nspec, family, _Sliced(source.tensors, spec, heads, kv, ffn), table, store, None,
-                               options.fusions, options.quant)
+                               options.fusions, options.quant, detect().int8_code_range)   # as compile_calbin's CPU
         rope = G.add_rope_tables(nspec, context, store)
         sigs, models = chip_graphs(
             logical, c == 0,
