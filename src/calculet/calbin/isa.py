@@ -25,9 +25,10 @@ TTFT 531 ms; w4a8 59.9 tok/s, 394 ms; 8 streams default 104, w4a8 99 tok/s. But 
 gate F on the default model on either kind of CPU (teacher-forced agreement 0.69 against the 0.70
 the int4 bounds ask; max logit error 6.4-6.8; over 100 prompts 0.60 and perplexity 35 against 14:
 the GGUF's 4- and 6-bit grids re-quantized to int4 blocks compound), so `auto` no longer picks it.
-The AVX2 build differs from the VNNI one in two passes instead: prefill-int8 stays off, and the
-coarse head's several-row int8 copy keeps 7-bit codes (CpuFeatures.int8_code_range), because there
-the u8 x s8 GEMM adds pairs of products in 16 bits. CALCULET_CPU_FEATURES simulates another CPU.
+The AVX2 build differs from the VNNI one in its u8 x s8 GEMMs instead, because there that kernel adds
+pairs of products in 16 bits and saturates (CpuFeatures.int8_code_range): the prefill-int8 pass stores
+its codes as uint8 (the exact u8 x u8 kernel) and the coarse head's several-row int8 copy keeps 7-bit
+codes. CALCULET_CPU_FEATURES simulates another CPU.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
                         "portable (standard ONNX ops only, for NPU execution providers; --weights fp32, fp16 or int8)")
     p.add_argument("--weights", default="auto",
                    help="weight policy: auto (by this CPU's ISA: default with AVX2, VNNI or AMX (without an int8 dot "
-                        "product the int8 GEMMs' codes avoid 16-bit saturation), fp32 without AVX2; the reason goes into the manifest; CALCULET_CPU_FEATURES=avx2,fma,... "
+                        "product the int8 GEMMs' codes avoid 16-bit saturation), fp32 without AVX2; the reason goes "
+                        "into the manifest; CALCULET_CPU_FEATURES=avx2,fma,... "
                         "simulates a CPU), default (int8 projections/lm_head/embedding with int8 compute, fp32 norms), "
                         "fp32, fp16 (half-precision weights and matmuls), int8 (weight-only: a numerics reference, "
                         "ONNX Runtime has no fast kernel for it), w8a8, int4 (weight-only), w4a8")

@@ -1,6 +1,6 @@
 """The "prefill-int8" pass: prefill chunks run the projections that read a norm's output, and o_proj,
 as an int8 GEMM with one activation scale per token, and keep the few input channels that carry outliers in
-float32 (the `cpu` target, one chip, a CPU with an int8 dot product).
+float32 (the `cpu` target, one chip, an x86 CPU).
 
 Decode steps keep the block kernels (MatMulNBits: 32-wide activation blocks, the GGUF's weights
 exactly). A prefill chunk has many rows, where ONNX Runtime's int8 GEMM is about twice as fast as the
@@ -27,9 +27,10 @@ On a CPU without an int8 dot product (x86 without VNNI/AMX) ONNX Runtime's u8 x 
 of products in 16 bits (vpmaddubsw) and saturates with full-range codes, while its u8 x u8 kernel
 widens to 16 bits first and is exact. There the weights are stored as uint8 (the int8 codes + 128,
 zero point 128): the same codes, so the same numerics as the VNNI build, at 1.3x the u8 x s8 time
-(128 x 640 x 4,096 through benchmarks/isa_view: 2.83 against 2.16 ms, which saturates). The whole
-200-token prefill then took 0.62x the block kernels' time with 7-bit signed codes there (which
-failed gate F's top-10 overlap); CpuFeatures.int8_code_range says which CPU is which.
+(128 x 640 x 4,096 through benchmarks/isa_view: 2.83 against 2.16 ms, which saturates). A 200-token
+prefill there took 0.76x the block kernels' time (406 against 538 ms), and gate F passes; 7-bit
+signed codes were faster (0.62x) but failed gate F's top-10 overlap. CpuFeatures.int8_code_range
+says which CPU is which.
 """
 
 from __future__ import annotations
