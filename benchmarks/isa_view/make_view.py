@@ -117,6 +117,13 @@ def loaded_objects(package: str, folder: Path) -> list[Path]:
     return sorted({Path(p).resolve() for p in out.split()} & {p.resolve() for p in folder.rglob("*.so*")})
 
 
+def view_environment(out: Path, **extra: str) -> dict[str, str]:
+    """This process's environment with the view at `out` in use (what env.sh exports), plus `extra`."""
+    path = os.pathsep.join(p for p in (str(out / "site"), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, LD_PRELOAD=str(out / "cpuid_view.so"), PYTHONPATH=path, CALCULET_CPU_FEATURES=FEATURES,
+                **extra)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the view goes (default: %(default)s)")
@@ -154,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         f"export CALCULET_CPU_FEATURES={FEATURES}\n"
     )
 
-    env = dict(os.environ, LD_PRELOAD=str(shim), PYTHONPATH=f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               CPUID_VIEW_LOG="1", CALCULET_CPU_FEATURES=FEATURES)
-    check = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True)
+    check = subprocess.run([sys.executable, "-c", CHECK], env=view_environment(out, CPUID_VIEW_LOG="1"),
+                           capture_output=True, text=True)
     answered = [line for line in check.stderr.splitlines() if line.startswith("cpuid_view:")]
     print(check.stdout.strip())
     if check.returncode != 0 or str(site) not in check.stdout or not answered:

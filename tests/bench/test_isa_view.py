@@ -38,10 +38,8 @@ def view(tmp_path_factory):
 
 
 def _in_view(view: Path, code: str, *args: str) -> dict:
-    env = dict(os.environ, LD_PRELOAD=str(view / "cpuid_view.so"),
-               PYTHONPATH=os.pathsep.join([str(view / "site"), os.environ.get("PYTHONPATH", "")]),
-               **{ENV: make_view.FEATURES})
-    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code, *args], env=make_view.view_environment(view),
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -74,6 +72,8 @@ HEAD = r"""
 import json, sys, numpy as np, onnxruntime as ort
 from pathlib import Path
 from calculet.calbin.manifest import read_manifest
+sys.path.insert(0, sys.argv[2])
+from calbin_weights import stored_weight
 calbin = Path(sys.argv[1]); m = read_manifest(calbin)
 graph = next(g for g in m.graphs if g.type == "head" and g.name != "head_1")
 s = ort.InferenceSession(str(calbin / graph.file), providers=["CPUExecutionProvider"])
@@ -81,10 +81,8 @@ rows, hidden = s.get_inputs()[0].shape
 x = np.ones((rows, hidden), np.float32)                  # every activation code 255: the largest pair sums
 x[1] = -np.linspace(0.5, 1.5, hidden, dtype=np.float32)
 coarse = s.run(["logits"], {"hidden": x})[0]
-def stored(name):
-    t = next(t for t in m.weights.tensors if t.name == name)
-    return np.fromfile(calbin / m.weights.file, np.uint8, count=t.nbytes, offset=t.offset).view(t.dtype).reshape(t.shape)
-codes, scale = stored("lm_head.coarse8.weight").astype(np.int64), stored("lm_head.coarse8.scale")
+codes = stored_weight(calbin, "lm_head.coarse8.weight").astype(np.int64)
+scale = stored_weight(calbin, "lm_head.coarse8.scale")
 row = np.maximum(np.abs(x).max(axis=1, keepdims=True), 1e-30) / np.float32(127)
 q = np.clip(np.rint(x / row) + 128, 0, 255).astype(np.int64) - 128
 exact = (q @ codes).astype(np.float64) * scale
@@ -103,7 +101,7 @@ def test_avx2_build_coarse_head_is_exact_on_avx2_kernels(view, tiny_model_dir, t
     out = compile_calbin(str(tiny_model_dir("llama")), tmp_path / "c.calbin",
                          CompileOptions(lanes=2, context=32, prefill_chunks=(4,), golden=False), log=lambda _m: None)
     assert read_manifest(out).quantization.tensors["lm_head.coarse8"].code_range == code_range
-    got = _in_view(view, HEAD, str(out))
+    got = _in_view(view, HEAD, str(out), str(ROOT / "tests"))
     assert got["graph"] == "head_2"
     if exact:
         assert got["error"] < 1e-5, got

@@ -11,6 +11,7 @@ from calculet.compiler.compile import compile_calbin
 from calculet.compiler.isa_policy import resolve_weights
 from calculet.compiler.options import CompileOptions
 from calculet.cpu_features import ENV, CpuFeatures
+from calbin_weights import stored_weight
 
 AVX2 = CpuFeatures(("avx2", "fma", "f16c"), "test", "x86_64")
 VNNI = CpuFeatures(("avx2", "fma", "f16c", "avx512f", "avx512_vnni"), "test", "x86_64")
@@ -75,17 +76,10 @@ def test_auto_compile_records_the_choice_and_load_warns_on_a_lesser_cpu(tiny_mod
     assert "gate F" in m2.isa.choice.reason       # why not w4a8, which is faster there
     assert {t.kind for t in m2.quantization.tensors.values() if t.module == "mlp" and t.role is None} == {"int8"}
     assert m2.quantization.tensors["lm_head.coarse8"].code_range == 63
-    codes = _stored(out2, m2, "lm_head.coarse8.weight")
+    codes = stored_weight(out2, "lm_head.coarse8.weight")
     assert codes.dtype.name == "int8" and int(abs(codes.astype(int)).max()) == 63   # 7 bits, used to the full
     assert load_warnings(m2, AVX2) == []
     assert [w for w in load_warnings(m2, VNNI) if "u8 x u8" not in w] == []   # only: its prefill GEMMs are slower there
-
-
-def _stored(calbin, manifest, name):
-    import numpy as np
-    t = next(t for t in manifest.weights.tensors if t.name == name)
-    raw = np.fromfile(calbin / manifest.weights.file, dtype=np.uint8, count=t.nbytes, offset=t.offset)
-    return raw.view(t.dtype).reshape(t.shape)
 
 
 def test_cache_key_of_auto_follows_the_cpu(monkeypatch):

@@ -23,6 +23,7 @@ from calculet.compiler.options import CompileOptions
 from calculet.compiler.quantize import QuantFormat, quantize
 from calculet.compiler.weights import QuantInfo, WeightStore
 from calculet.cpu_features import ENV, CpuFeatures, detect
+from calbin_weights import stored_weight
 from decoding import generate_on_calbin
 
 VNNI_FLAGS = "avx2,fma,f16c,avx512f,avx512_vnni"
@@ -82,10 +83,7 @@ def test_without_an_int8_dot_the_pass_keeps_its_codes_as_uint8(tiny_model_dir, t
     assert "prefill-int8" in m["avx2"].passes
     assert _ops(builds["avx2"], "prefill_16")["MatMulIntegerToFloat"] == 3 * layers
     name = "model.layers.0.mlp.gate_up_proj.weight.rows8.weight"
-    codes = {}
-    for k, path in builds.items():
-        t = next(t for t in m[k].weights.tensors if t.name == name)
-        codes[k] = np.fromfile(path / m[k].weights.file, np.uint8, count=t.nbytes, offset=t.offset).view(t.dtype)
+    codes = {k: stored_weight(path, name) for k, path in builds.items()}
     assert codes["avx2"].dtype == np.uint8 and codes["vnni"].dtype == np.int8
     assert np.array_equal(codes["avx2"].astype(np.int16) - 128, codes["vnni"])
     assert "u8 x u8" in m["avx2"].quantization.tensors[name.removesuffix(".weight")].role
