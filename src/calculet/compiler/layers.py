@@ -87,12 +87,15 @@ def embedding(g: GraphBuilder, weight: str, ids: str, scope: str) -> str:
 
 def linear(g: GraphBuilder, x: str, weight: str, scope: str, bias: str | None = None) -> str:
     """x [.., in] @ W [in, out] (+ b); quantized weights run as MatMulNBits on [out, in] codes, or in a
-    prefill graph with the prefill-int8 pass's weights as a per-token int8 GEMM (compiler/prefill_int8.py)."""
+    prefill graph with the prefill-int8 pass's weights as a per-token int8 GEMM, or from its float32
+    copy as a float32 GEMM (compiler/prefill_int8.py)."""
     q = g.weights.quant(weight)
     if q is not None and g.target == "portable":
         y = _dequantized_matmul(g, x, weight, q, scope)
     elif g.prefill_shape is not None and prefill_int8.has_weights(g.weights, weight):
         y = prefill_int8.linear(g, x, weight, *g.prefill_shape, scope)
+    elif g.prefill_shape is not None and prefill_int8.has_float32_copy(g.weights, weight):
+        y = g.op("MatMul", [x, g.weight(f"{weight}.f32")], name=f"{scope}/MatMul")
     elif q is not None:
         y = g.op("MatMulNBits", [x, g.weight(f"{weight}.qcodes"), g.weight(f"{weight}.qscales")],
                  name=f"{scope}/MatMulNBits", domain=MS_DOMAIN, K=q.k, N=q.n, bits=q.bits,

@@ -11,7 +11,9 @@ reports what `compile` writes and `compile` checks what it wrote against this li
   embedding with a quantized lm_head gets a quantized lm_head copy;
 - the coarse-head pass adds an int4 copy and an int8 per-row copy of an int8 lm_head;
 - packing (qkv, gate-up) concatenates members along the output axis: same bytes, one name;
-- rope cos/sin tables [context, head_dim/2] fp32 per layer type sit in the same file.
+- rope cos/sin tables [context, head_dim/2] fp32 per layer type sit in the same file;
+- the prefill-int8 pass adds per-column int8 copies and float32 outlier rows of its projections, and
+  on a CPU without an int8 dot product a float32 copy of each down_proj.
 Tensor-parallel splits are declared per tensor (`Split`) for the planner; the compiler has one chip.
 """
 
@@ -23,7 +25,7 @@ from typing import Protocol
 
 from calculet.compiler.isa_policy import concrete_policy   # `auto`: the policy compile picks on this CPU
 from calculet.compiler import prefill_int8
-from calculet.compiler.prefill_int8 import PROJECTED, outlier_count
+from calculet.compiler.prefill_int8 import FLOAT32_PREFILL, PROJECTED, outlier_count
 from calculet.cpu_features import detect
 from calculet.compiler.quantize import COARSE_BLOCKS, FP32, QuantFormat, policy_table
 from calculet.compiler.weights import ALIGN
@@ -129,8 +131,9 @@ def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
     if "coarse-head" in options.fusions:
         tensors += _coarse_head(spec, tensors)
     tensors += _rope_tables(spec, options.context)
-    if prefill_int8.applicable(options, detect()) is None:   # as compile resolves it on this CPU
-        tensors += _prefill_int8(tensors, options.prefill_int8_outliers)
+    cpu = detect()   # as compile resolves the pass on this CPU
+    if prefill_int8.applicable(options, cpu) is None:
+        tensors += _prefill_int8(tensors, options.prefill_int8_outliers, prefill_int8.float32_prefill(cpu))
     for t in tensors:
         if t.fmt.kind in ("int8", "int4") and t.shape[1] % t.fmt.block:
             raise RequestError("bad_option", f"K={t.shape[1]} is not a multiple of the block size {t.fmt.block}; "
@@ -228,15 +231,20 @@ def _coarse_head(spec: ModelSpec, tensors: list[StoredTensor]) -> list[StoredTen
             StoredTensor("lm_head.coarse8", "lm_head", (v, h), QuantFormat("int8", h, "int8"), COPY, rows)]
 
 
-def _prefill_int8(tensors: list[StoredTensor], k: int) -> list[StoredTensor]:
+def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool) -> list[StoredTensor]:
     """prefill_int8.add_weights: each int8 projection of prefill_int8.PROJECTED gets per-column int8
-    codes [in, out] with scales, and its float32 outlier input rows [k', out] (one chip: no split)."""
+    codes [in, out] with scales, and its float32 outlier input rows [k', out] (one chip: no split);
+    then, on a CPU without an int8 dot product, add_float32_copies: each int8 weight of
+    FLOAT32_PREFILL gets a float32 copy [in, out]."""
     out = []
     for t in tensors:
         if t.fmt.kind == "int8" and t.name.endswith(tuple(PROJECTED)):
             n, h = t.shape
             out += [StoredTensor(f"{t.name}.rows8", t.module, (n, h), QuantFormat("int8", h, "int8"), COPY),
                     StoredTensor(f"{t.name}.outliers.weight", t.module, (outlier_count(k, h), n), FP32, COPY)]
+    if float32_prefill:
+        out += [StoredTensor(f"{t.name}.f32", t.module, t.shape, FP32, COPY) for t in tensors
+                if t.fmt.kind == "int8" and t.name.endswith(FLOAT32_PREFILL)]
     return out
 
 
