@@ -68,13 +68,6 @@ class CpuFeatures:
         return PAIR_SAFE_INT8_RANGE if self.x86 and self.int8_dot is None else FULL_INT8_RANGE
 
     @property
-    def int8_activation_range(self) -> int:
-        """The largest |u8 activation code - zero point| that ONNX Runtime's u8 x s8 GEMM multiplies exactly
-        against full-range (127) weight codes on this CPU: 127 with an int8 dot product (or off x86), 63 on
-        x86 without one (codes 1..127 around 64: 2 x 127 x 127 = 32,258 fits a 16-bit pair sum)."""
-        return PAIR_SAFE_INT8_RANGE if self.x86 and self.int8_dot is None else FULL_INT8_RANGE
-
-    @property
     def x86(self) -> bool:
         return self.machine.lower() in ("x86_64", "amd64", "i386", "i686", "x86") or bool(self.flags)
 

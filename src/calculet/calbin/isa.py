@@ -26,17 +26,16 @@ gate F on the default model on either kind of CPU (teacher-forced agreement 0.69
 the int4 bounds ask; max logit error 6.4-6.8; over 100 prompts 0.60 and perplexity 35 against 14:
 the GGUF's 4- and 6-bit grids re-quantized to int4 blocks compound), so `auto` no longer picks it.
 The AVX2 build differs from the VNNI one in its u8 x s8 GEMMs instead, because there that kernel adds
-pairs of products in 16 bits and saturates: the prefill-int8 pass quantizes its activations to 7 bits
-(CpuFeatures.int8_activation_range; the tensors' `activation_range`) and runs down_proj in prefill
-from a float32 copy, and the coarse head's several-row int8 copy keeps 7-bit codes
-(CpuFeatures.int8_code_range). CALCULET_CPU_FEATURES simulates another CPU.
+pairs of products in 16 bits and saturates (CpuFeatures.int8_code_range): the prefill-int8 pass stores
+its codes as uint8 (the exact u8 x u8 kernel) and the coarse head's several-row int8 copy keeps 7-bit
+codes. CALCULET_CPU_FEATURES simulates another CPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calculet.cpu_features import FULL_INT8_RANGE, CpuFeatures
+from calculet.cpu_features import CpuFeatures
 
 
 @dataclass(frozen=True)
@@ -131,22 +130,15 @@ def load_warnings(manifest, now: CpuFeatures) -> list[str]:
                        f"{isa.choice.chosen!r}: recompile on this machine for its fastest policy")
     if "prefill-int8" in manifest.passes:
         stored = {t.dtype for t in manifest.weights.tensors if t.name.endswith(".rows8.weight")}
-        activations = {f.activation_range or FULL_INT8_RANGE for name, f in manifest.quantization.tensors.items()
-                       if name.endswith(".rows8")}
-        if stored == {"int8"} and max(activations, default=0) > now.int8_activation_range:
-            out.append(f"this calbin's prefill chunks use per-token u8 x s8 GEMMs with 8-bit activations and "
-                       f"full-range codes (the prefill-int8 pass), built on a CPU with an int8 dot product; on this one "
-                       f"({now.label}) ONNX Runtime's kernel saturates 16-bit pair sums and prefill logits may drift: "
-                       "recompile on this machine (the pass then keeps 7-bit activations, which that kernel "
-                       "multiplies exactly)")
-        elif stored == {"int8"} and activations and max(activations) < now.int8_activation_range:
-            out.append(f"this calbin's prefill chunks quantize activations to 7 bits (the prefill-int8 pass as built "
-                       f"for a CPU without an int8 dot product); this one ({now.label}) has one and multiplies 8-bit "
-                       "activations exactly at the same speed: recompile on this machine for the finer rounding")
-        elif stored == {"uint8"} and now.int8_code_range == FULL_INT8_RANGE:
-            out.append(f"this calbin's prefill chunks use u8 x u8 GEMMs (the prefill-int8 pass as an older calculet "
-                       f"built it for a CPU without an int8 dot product); this one ({now.label}) has one, where u8 x s8 "
-                       "is about twice as fast: recompile on this machine")
+        if stored == {"int8"} and now.int8_code_range < 127:
+            out.append(f"this calbin's prefill chunks use per-token u8 x s8 GEMMs with full-range codes (the "
+                       f"prefill-int8 pass), built on a CPU with an int8 dot product; on this one ({now.label}) ONNX "
+                       "Runtime's kernel saturates 16-bit pair sums and prefill logits may drift: recompile on this "
+                       "machine (the pass then stores its codes as uint8 for the exact u8 x u8 kernel)")
+        elif stored == {"uint8"} and now.int8_code_range == 127:
+            out.append(f"this calbin's prefill chunks use u8 x u8 GEMMs (the prefill-int8 pass as built for a CPU "
+                       f"without an int8 dot product); this one ({now.label}) has one, where u8 x s8 is about twice as "
+                       "fast: recompile on this machine")
     wide = wide_int8_tensors(manifest, now)
     if wide:
         out.append(f"{', '.join(wide)}: full-range int8 codes for a u8 x s8 GEMM, built on a CPU with an int8 dot "

@@ -214,8 +214,6 @@ class TensorFormat:
     role: str | None = None             # a helper copy's job, e.g. the coarse lm_head's candidate selection
     code_range: int | None = None       # int8 codes for u8 x s8 GEMMs: the largest |code| (127, or 63 for a CPU
                                         # without an int8 dot product: cpu_features.PAIR_SAFE_INT8_RANGE)
-    activation_range: int | None = None  # the largest |u8 activation code - zero point| the graphs feed that GEMM
-                                         # (None: 127; 63 for a CPU without an int8 dot product)
 
     @property
     def quantized(self) -> bool:

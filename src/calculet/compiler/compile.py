@@ -135,8 +135,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     if options.prefill_int8_outliers:   # calibrated on a probe build of the same source (compiler/prefill_int8.py)
         outliers = prefill_int8.calibrate(source_arg, options, spec, weights,
                                           tok.bos_token_id if tok.add_bos_token else None, source.tokenizer_json, log)
-        prefill_int8.add_weights(weights, quant_record, outliers,
-                                 isa.compile_cpu.int8_activation_range if isa is not None else FULL_INT8_RANGE)
+        prefill_int8.add_weights(weights, quant_record, outliers, code_range)
         if isa is not None and prefill_int8.float32_prefill(isa.compile_cpu):
             prefill_int8.add_float32_copies(spec, weights, quant_record)
     check_stored(weight_plan(spec, options), weights, quant_record)  # `calculet plan` lists the same bytes

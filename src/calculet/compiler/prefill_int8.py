@@ -24,18 +24,13 @@ layers); in a torch simulation over the golden set, teacher-forced agreement 0.9
 qkv and gate/up, 0.984 with o_proj as well (the block kernels: 0.964).
 
 On a CPU without an int8 dot product (x86 without VNNI/AMX) ONNX Runtime's u8 x s8 kernel adds pairs
-of products in 16 bits (vpmaddubsw) and saturates with 8-bit activations and full-range codes. There
-the activations keep 7 bits (codes 1..127 around 64, s = max|x_in| / 63; CpuFeatures.int8_activation_range),
-which the same kernel multiplies exactly against the same int8 codes. Measured on an AVX2-only EPYC
-(2 threads, 128 rows): 640 x 4,096 in 3.24 ms against 3.80 for the exact u8 x u8 kernel that the
-codes took there before (stored as uint8 + 128); gate F on the default model passes (teacher-forced
-0.9792, worst cosine 0.99985, worst max logit error 0.51, at 8 lanes and context 1,024). 7-bit weight
-codes instead had failed gate F's top-10 overlap. There down_proj, which stays off the int8 GEMM,
-runs in prefill chunks as a float32 GEMM from a float32 copy of its block values (FLOAT32_PREFILL):
-faster than the emulated 8-bit block kernel, and closer to the reference. A 201-token prefill there
-(128 + 64 + 16): 471 ms with u8 x u8 and the block down_proj, 408 with the float32 down_proj, 374
-with 7-bit activations as well (0.79x; 9 alternating rounds); gate F with the float32 down_proj alone:
-teacher-forced 0.9479 -> 0.9740, worst max logit error 0.81 -> 0.35.
+of products in 16 bits (vpmaddubsw) and saturates with full-range codes, while its u8 x u8 kernel
+widens to 16 bits first and is exact. There the weights are stored as uint8 (the int8 codes + 128,
+zero point 128): the same codes, so the same numerics as the VNNI build, at 1.3x the u8 x s8 time
+(128 x 640 x 4,096 through benchmarks/isa_view: 2.83 against 2.16 ms, which saturates). A 200-token
+prefill there took 0.76x the block kernels' time (406 against 538 ms), and gate F passes; 7-bit
+signed codes were faster (0.62x) but failed gate F's top-10 overlap. CpuFeatures.int8_code_range
+says which CPU is which.
 """
 
 from __future__ import annotations
@@ -188,13 +183,13 @@ def _probe_runs(calbin: Path, prompts: list[list[int]], modules: set[str]):
         yield probe_rows(graph, names, session.run(names, first_chunk_feeds(graph, ids)), len(ids))
 
 
-def add_weights(store, record: dict, outliers: dict[str, np.ndarray],
-                activation_range: int = FULL_INT8_RANGE) -> None:
+def add_weights(store, record: dict, outliers: dict[str, np.ndarray], code_range: int = FULL_INT8_RANGE) -> None:
     """Per projection: int8 codes per output column [in, out] with the outlier rows zeroed, their
     scales [out] and the outlier rows in float32 [k, out] (stored); their ids [k] go inline into the
     prefill graphs and into the quantization record. W is the block codes' exact value. Where the
-    CPU's u8 x s8 GEMM would saturate with 8-bit activations (`activation_range` below 127:
-    CpuFeatures.int8_activation_range) the graphs quantize the activations to that range instead."""
+    CPU's u8 x s8 GEMM would saturate (`code_range` below 127: CpuFeatures.int8_code_range) the codes
+    are stored as uint8 around 128, for the exact u8 x u8 kernel."""
+    unsigned = code_range < FULL_INT8_RANGE
     for weight, ids in outliers.items():
         info = store.quant(weight)
         codes, scales = store.array(f"{weight}.qcodes"), store.array(f"{weight}.qscales")
@@ -203,7 +198,8 @@ def add_weights(store, record: dict, outliers: dict[str, np.ndarray],
         inliers[:, ids] = 0.0
         scale = np.maximum(np.abs(inliers).max(axis=1), 1e-30) / 127.0                          # [out]
         codes8 = np.clip(np.round(inliers / scale[:, None]), -127, 127).astype(np.int8)
-        store.add(f"{weight}.rows8.weight", np.ascontiguousarray(codes8.T))                      # [in, out]
+        stored = (codes8.astype(np.int16) + 128).astype(np.uint8) if unsigned else codes8
+        store.add(f"{weight}.rows8.weight", np.ascontiguousarray(stored.T))                      # [in, out]
         store.add(f"{weight}.rows8.scale", scale.astype(np.float32))
         store.add(f"{weight}.outliers.weight", np.ascontiguousarray(w[:, ids].T))                # [k, out]
         store.inline[f"{weight}.outliers.ids"] = ids
@@ -211,13 +207,10 @@ def add_weights(store, record: dict, outliers: dict[str, np.ndarray],
         module = record[weight]["module"]
         record[f"{weight}.outliers.weight"] = {"kind": "fp32", "module": module,
                                                "role": "prefill chunks: the float32 input channels of the int8 GEMM"}
-        seven = activation_range < FULL_INT8_RANGE
-        if seven:
-            store.activation_ranges[f"{weight}.rows8"] = activation_range
         record[f"{weight}.rows8"] = {"kind": "int8", "block": info.k, "compute": "int8", "module": module,
-                                     "max_abs_error": err, "activation_range": activation_range,
+                                     "max_abs_error": err,
                                      "role": f"prefill chunks: per-token int8 GEMM"
-                                             f"{' (7-bit activations: exact u8 x s8 without an int8 dot)' if seven else ''}; "
+                                             f"{' (codes stored as uint8 + 128: u8 x u8)' if unsigned else ''}; "
                                              f"{len(ids)} input channels in float32 "
                                              f"({weight}.outliers): {', '.join(str(int(i)) for i in ids)}"}
 
@@ -244,23 +237,23 @@ def has_float32_copy(store, weight: str) -> bool:
 
 
 def per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scope: str) -> tuple[str, str]:
-    """x [R, H] . W [H, V] with x quantized per row (symmetric, uint8 around 128; around 64 with 7 bits
-    where the store says so: WeightStore.activation_ranges) and W int8 per column, as (product [R, V],
-    row scales [R, 1]): the product times the row scales is x . W.
+    """x [R, H] . W [H, V] with x quantized per row (symmetric, uint8 around 128) and W int8 per column,
+    as (product [R, V], row scales [R, 1]): the product times the row scales is x . W.
 
     Every row gets its own scale, so a row's result never depends on the other rows of the batch
     (DynamicQuantizeMatMul's one scale per tensor let one lane's outlier activations coarsen its
     neighbours' candidates: the 8-row head then missed tokens the 1-row head found)."""
     peak = g.op("ReduceMax", [g.op("Abs", [x], name=f"{scope}/Abs"), g.const([1])], name=f"{scope}/RowMax",
                 keepdims=1)                                                                        # [R, 1]
-    top = g.weights.activation_ranges.get(weight, FULL_INT8_RANGE)   # codes zero +- top, zero = top + 1
     scale = g.op("Div", [g.op("Max", [peak, g.const(1e-30, np.float32)], name=f"{scope}/Floor"),
-                         g.const(float(top), np.float32)], name=f"{scope}/RowScale")               # [R, 1]
+                         g.const(127.0, np.float32)], name=f"{scope}/RowScale")                    # [R, 1]
     codes = g.op("QuantizeLinear", [x, g.op("Reshape", [scale, g.const([rows_n])], name=f"{scope}/Scales"),
-                                    g.const(np.full(rows_n, top + 1), np.uint8)], name=f"{scope}/QuantizeRows",
-                 axis=0)
-    product = g.op("MatMulIntegerToFloat", [codes, g.weight(f"{weight}.weight"), g.const(1.0, np.float32),
-                                            g.weight(f"{weight}.scale"), g.const(top + 1, np.uint8)],
+                                    g.const(np.full(rows_n, 128), np.uint8)], name=f"{scope}/QuantizeRows", axis=0)
+    inputs = [codes, g.weight(f"{weight}.weight"), g.const(1.0, np.float32), g.weight(f"{weight}.scale"),
+              g.const(128, np.uint8)]
+    if g.weights.array(f"{weight}.weight").dtype == np.uint8:   # add_weights' u8 codes around 128
+        inputs.append(g.const(128, np.uint8))
+    product = g.op("MatMulIntegerToFloat", inputs,
                    name=f"{scope}/MatMulIntegerToFloat", domain=MS_DOMAIN)                         # [R, V]
     return product, scale
 

@@ -62,9 +62,6 @@ class WeightStore:
         self._quant: dict[str, QuantInfo] = {}
         self._size = 0
         self.inline: dict[str, np.ndarray] = {}   # small arrays graphs embed as constants (not in weights.bin)
-        # integer-GEMM weights whose u8 activations keep fewer than 8 bits: name -> the largest
-        # |activation code - zero point| (prefill_int8.per_row_int8_product; absent: 127)
-        self.activation_ranges: dict[str, int] = {}
 
     def add(self, name: str, array: np.ndarray) -> None:
         if name in self._arrays:
