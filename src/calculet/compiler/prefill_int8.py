@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
+from calculet.compiler.quantize import int8_block_values
 from calculet.cpu_features import FULL_INT8_RANGE, CpuFeatures
 from calculet.models.base import ModelSpec
 
@@ -196,8 +197,7 @@ def add_weights(store, record: dict, outliers: dict[str, np.ndarray], code_range
     unsigned = code_range < FULL_INT8_RANGE
     for weight, ids in outliers.items():
         info = store.quant(weight)
-        codes, scales = store.array(f"{weight}.qcodes"), store.array(f"{weight}.qscales")
-        w = ((codes.astype(np.float32) - 128.0) * scales[:, :, None]).reshape(info.n, info.k)   # [out, in]
+        w = int8_block_values(store, weight)                                                     # [out, in]
         inliers = w.copy()
         inliers[:, ids] = 0.0
         scale = np.maximum(np.abs(inliers).max(axis=1), 1e-30) / 127.0                          # [out]
@@ -223,9 +223,7 @@ def add_float32_copies(spec: ModelSpec, store, record: dict) -> None:
     """Per weight of float32_weights: `<weight>.f32` [in, out], the block codes' exact values in float32,
     for prefill chunks (decode keeps the blocks)."""
     for weight in float32_weights(spec, store):
-        info = store.quant(weight)
-        codes, scales = store.array(f"{weight}.qcodes"), store.array(f"{weight}.qscales")
-        w = ((codes.astype(np.float32) - 128.0) * scales[:, :, None]).reshape(info.n, info.k)   # [out, in]
+        w = int8_block_values(store, weight)                                                     # [out, in]
         store.add(f"{weight}.f32", np.ascontiguousarray(w.T))                                     # [in, out]
         record[f"{weight}.f32"] = {"kind": "fp32", "module": record[weight]["module"],
                                    "role": "prefill chunks: float32 GEMM over the block codes' exact values "

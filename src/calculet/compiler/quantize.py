@@ -294,6 +294,13 @@ def _put_half(spec, store, record: dict, name: str, array: np.ndarray, cls: str,
     record[name] = {"kind": "fp16", "block": 0, "compute": "fp16", "module": cls, "max_abs_error": err}
 
 
+def int8_block_values(store, name: str) -> np.ndarray:
+    """The exact float32 values [out, in] of `name`'s stored 8-bit blocks ((code - 128) x block scale)."""
+    info = store.quant(name)
+    codes, scales = store.array(f"{name}.qcodes"), store.array(f"{name}.qscales")
+    return ((codes.astype(np.float32) - 128.0) * scales[:, :, None]).reshape(info.n, info.k)
+
+
 def _add_coarse_head(spec, store, record: dict, table: dict, code_range: int = FULL_INT8_RANGE) -> None:
     """The "coarse-head" pass: an int4 copy of an int8 lm_head picks K candidates per row, and the
     candidates are rescored exactly from the int8 codes (GatherBlockQuantized rows . hidden). The
@@ -311,8 +318,7 @@ def _add_coarse_head(spec, store, record: dict, table: dict, code_range: int = F
     if block is None:
         return  # no block size divides the hidden size: no candidate copy
     coarse = QuantFormat("int4", block, "int8")
-    codes, scales = store.array(f"{head}.qcodes"), store.array(f"{head}.qscales")
-    w = ((codes.astype(np.float32) - 128.0) * scales[:, :, None]).reshape(info.n, info.k)  # the int8 head, exactly
+    w = int8_block_values(store, head)                                             # the int8 head, exactly
     put = quantize(w, coarse)
     store.add_quantized("lm_head.coarse", QuantInfo(4, coarse.block, info.n, info.k, coarse.accuracy_level),
                         put.codes, put.scales)
