@@ -14,9 +14,11 @@ import pytest
 
 @pytest.fixture(scope="module")
 def server(tiny_calbin, start_server):
-    # one prefill chunk per step (the first chunk always runs), so the two requests reach the decode batch at different steps
+    # one prefill chunk per step (the first chunk always runs), so the two requests reach the decode batch at different steps;
+    # the reset (the 2nd session creation) takes 0.5 s longer, so /health's "recovering" lasts long enough to be polled
+    # on a busy 2-core machine (a tiny model's reset otherwise takes a few ms)
     return start_server(tiny_calbin("llama", lanes=8, context=128, chunks=(4, 16)), "--max-prefill-tokens", "1", "--burst-prefill-tokens", "0",
-                        env={"CALCULET_FAULT": "decode:1"})
+                        env={"CALCULET_FAULT": "decode:1,delay=0.5@load:2"})
 
 
 class HealthWatch:
