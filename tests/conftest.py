@@ -74,3 +74,21 @@ def default_calbin_fp32(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("calbin-default-fp32") / "gemma3-270m-fp32.calbin"
     return compile_calbin(None, out, CompileOptions(lanes=2, context=256, weights="fp32", golden=False), log=print)
+
+
+@pytest.fixture(scope="session")
+def default_calbin_two_chips(tmp_path_factory):
+    """partition ("tp" or "pp") -> the default model's fp32 parity build compiled for 2 chips, each
+    compiled once per session (the in-process and the served two-chip tests share them)."""
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions
+
+    built: dict[str, Path] = {}
+
+    def build(partition: str) -> Path:
+        if partition not in built:
+            out = tmp_path_factory.mktemp(f"calbin-default-{partition}") / "gemma3-270m-fp32.calbin"
+            built[partition] = compile_calbin(None, out, CompileOptions(lanes=2, context=256, weights="fp32", golden=False,
+                                                                        chips=2, partition=partition), log=print)
+        return built[partition]
+    return build

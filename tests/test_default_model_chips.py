@@ -16,16 +16,11 @@ STEPS = 8
 
 
 @pytest.mark.parametrize("partition", ["tp", "pp"])
-def test_default_model_on_two_chips_equals_one(default_calbin_fp32, tmp_path_factory, partition):
-    from calculet.compiler.compile import compile_calbin
-    from calculet.compiler.options import CompileOptions
-
+def test_default_model_on_two_chips_equals_one(default_calbin_fp32, default_calbin_two_chips, partition):
     one = open_device(default_calbin_fp32)
     reference = greedy_together(one, PROMPTS, STEPS)
     one.close()
-    out = tmp_path_factory.mktemp(f"default-{partition}") / "model.calbin"
-    compile_calbin(None, out, CompileOptions(lanes=2, context=256, weights="fp32", golden=False, chips=2,
-                                             partition=partition), log=print)
+    out = default_calbin_two_chips(partition)
     assert read_manifest(out).partition.scheme == partition
     device = open_device(out, chip_configs(2))
     try:

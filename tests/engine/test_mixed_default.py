@@ -21,24 +21,11 @@ TEXTS = ("The capital of France is", "Write a short poem about the sea. " * 6,
 
 
 @pytest.fixture(scope="module")
-def exact_calbin(tmp_path_factory):
-    """The serving build with full-context KV for every layer (--no-kv-ring). It was chosen when the
-    ring's products were not bitwise batch-invariant (they are now: tests/compiler/test_kv_ring.py
-    holds batched = alone bit for bit, and tests/server/ runs the ring build under concurrency); this
-    test is about the scheduler and the job pipeline, so it keeps the build whose attention is one
-    kernel (GroupQueryAttention) on every layer."""
-    from calculet.compiler.compile import compile_calbin
-    from calculet.compiler.options import CompileOptions
-
-    out = tmp_path_factory.mktemp("calbin-default-noring") / "gemma3-270m.calbin"
-    return compile_calbin(None, out, CompileOptions(lanes=8, context=1024, weights="default", golden=False,
-                                                    kv_rings=False), log=print)
-
-
-@pytest.fixture(scope="module")
-def device(exact_calbin):
+def device(default_calbin):
+    """The session's serving build (KV rings on the local layers: their products are bitwise
+    batch-invariant, tests/compiler/test_kv_ring.py)."""
     d = Device()
-    d.configure(d.load(exact_calbin))
+    d.configure(d.load(default_calbin))
     yield d
     d.close()
 

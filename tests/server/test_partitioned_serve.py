@@ -212,18 +212,11 @@ def test_a_moe_model_served_expert_parallel_gives_its_one_chip_tokens(tiny_calbi
 
 
 @pytest.mark.slow
-def test_default_model_served_on_two_chips_tp_and_pp_gives_the_one_chip_answers(default_calbin_fp32, tmp_path_factory,
+def test_default_model_served_on_two_chips_tp_and_pp_gives_the_one_chip_answers(default_calbin_fp32, default_calbin_two_chips,
                                                                                 start_server):
     """The default model (fp32) compiled for 2 chips, tp and pp, served beside its 1-chip calbin under
     concurrent load: every answer is the 1-chip one's, alone."""
-    from calculet.compiler.compile import compile_calbin
-    from calculet.compiler.options import CompileOptions
-
-    split = {}
-    for partition in ("tp", "pp"):
-        split[partition] = tmp_path_factory.mktemp(f"default-serve-{partition}") / "model.calbin"
-        compile_calbin(None, split[partition], CompileOptions(lanes=2, context=256, weights="fp32", golden=False, chips=2,
-                                                              partition=partition), log=print)
+    split = {partition: default_calbin_two_chips(partition) for partition in ("tp", "pp")}
     server = start_server([f"one={default_calbin_fp32}", f"tp={split['tp']}", f"pp={split['pp']}"], "--chips", "2",
                           timeout=600)
     prompts = PROMPTS[:3]

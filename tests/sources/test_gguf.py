@@ -473,10 +473,21 @@ def default_source(default_path):
     return load_gguf(str(default_path))
 
 
+@pytest.fixture(scope="module")
+def hf_default(default_path):
+    """transformers' (config, fp32 state dict) of the default GGUF, parsed once for the module (its
+    GGUF reader takes about 25 s per parse of the 262,144-token vocabulary)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(default_path.parent, gguf_file=default_path.name, dtype=torch.float32)
+    return model.config, {k: v.numpy() for k, v in model.state_dict().items()}
+
+
 @pytest.mark.slow
-def test_default_config_matches_transformers(default_source, default_path):
+def test_default_config_matches_transformers(default_source, hf_default):
     config = default_source.config
-    assert_config_matches(config, hf_config(default_path), CONFIG_KEYS + GEMMA3_KEYS)
+    assert_config_matches(config, hf_default[0], CONFIG_KEYS + GEMMA3_KEYS)
     assert config["model_type"] == "gemma3_text" and config["architectures"] == ["Gemma3ForCausalLM"]
     assert config["layer_types"][5] == "full_attention" and config["layer_types"].count("full_attention") == 3
     assert config["rope_local_base_freq"] == 10000.0 and config["rope_theta"] == 1e6
@@ -484,10 +495,10 @@ def test_default_config_matches_transformers(default_source, default_path):
 
 
 @pytest.mark.slow
-def test_default_tensors_match_transformers(default_source, default_path):
+def test_default_tensors_match_transformers(default_source, hf_default):
     """Guards the Gemma norm un-shift (stored w + 1) and every dequantizer (F32, Q8_0, Q5_0, Q4_K, Q6_K)."""
     assert len(default_source.tensors) == 236
-    assert_tensors_match(default_source.tensors, hf_state_dict(default_path), tied=True)
+    assert_tensors_match(default_source.tensors, hf_default[1], tied=True)
 
 
 @pytest.mark.slow
