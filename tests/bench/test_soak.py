@@ -20,7 +20,7 @@ def test_soak_30s_tiny_model(tiny_calbin, tmp_path):
     # 30 s is too short for a meaningful MB/hour figure (allocator warm-up dominates): the slope bound is
     # loose here; the hour-long run in benchmarks/RESULTS.md holds the 5 MB/h target.
     config = SoakConfig(model=str(calbin), duration_s=30, workers=4, sample_every_s=1, burst_every_s=8, warmup_s=10,
-                        max_rss_slope_mb_per_h=1200)
+                        max_rss_slope_mb_per_h=600)
     summary = run_soak(config, tmp_path / "soak")
     assert summary["passed"], json.dumps(summary, indent=2)
     assert summary["sent"]["burst"] > 0 and summary["outcomes"].get("burst:429", 0) > 0

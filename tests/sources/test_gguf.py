@@ -43,8 +43,8 @@ def hf_config(path: Path):
     return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
 
 
-def hf_state_dict(path: Path) -> dict[str, np.ndarray]:
-    """transformers' fp32 weights for a GGUF file.
+def hf_model(path: Path):
+    """transformers' (config, fp32 weights as numpy) for a GGUF file, from one parse of it.
 
     `from_pretrained(gguf_file=...)` needs `accelerate`; where it is missing we call the loader that
     from_pretrained uses for these architectures (`load_gguf_checkpoint`) on a meta-device model.
@@ -54,13 +54,18 @@ def hf_state_dict(path: Path) -> dict[str, np.ndarray]:
 
     if importlib.util.find_spec("accelerate") is not None:
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-        return {k: v.numpy() for k, v in model.state_dict().items()}
+        return model.config, {k: v.numpy() for k, v in model.state_dict().items()}
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+    config = hf_config(path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config(path))
+        model = AutoModelForCausalLM.from_config(config)
     loaded = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model, torch_dtype=torch.float32)
-    return {k: v.numpy() for k, v in loaded["tensors"].items()}
+    return config, {k: v.numpy() for k, v in loaded["tensors"].items()}
+
+
+def hf_state_dict(path: Path) -> dict[str, np.ndarray]:
+    return hf_model(path)[1]
 
 
 def hf_tokenizer(path: Path):
@@ -477,11 +482,7 @@ def default_source(default_path):
 def hf_default(default_path):
     """transformers' (config, fp32 state dict) of the default GGUF, parsed once for the module (its
     GGUF reader takes about 25 s per parse of the 262,144-token vocabulary)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(default_path.parent, gguf_file=default_path.name, dtype=torch.float32)
-    return model.config, {k: v.numpy() for k, v in model.state_dict().items()}
+    return hf_model(default_path)
 
 
 @pytest.mark.slow
