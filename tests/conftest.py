@@ -92,3 +92,13 @@ def default_calbin_two_chips(tmp_path_factory):
                                                                         chips=2, partition=partition), log=print)
         return built[partition]
     return build
+
+
+@pytest.fixture(scope="session")
+def default_reference():
+    """transformers' Gemma 3 holding the default GGUF's tensors (fp32, eager attention), built once for
+    the session: the end-to-end and long-context tests compare against the same model."""
+    from calculet.reference.hf import build_reference_model
+    from calculet.sources.resolve import load_source
+
+    return build_reference_model(load_source(None))

@@ -23,11 +23,8 @@ def device(default_calbin_fp32):
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from calculet.reference.hf import build_reference_model
-    from calculet.sources.resolve import load_source
-
-    return build_reference_model(load_source(None))
+def reference(default_reference):
+    return default_reference
 
 
 def test_greedy_32_tokens_equal_transformers(device, reference):

@@ -34,11 +34,8 @@ def device(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from calculet.reference.hf import build_reference_model
-    from calculet.sources.resolve import load_source
-
-    return build_reference_model(load_source(None))
+def reference(default_reference):
+    return default_reference
 
 
 @pytest.fixture(scope="module")

@@ -215,7 +215,9 @@ def test_a_moe_model_served_expert_parallel_gives_its_one_chip_tokens(tiny_calbi
 def test_default_model_served_on_two_chips_tp_and_pp_gives_the_one_chip_answers(default_calbin_fp32, default_calbin_two_chips,
                                                                                 start_server):
     """The default model (fp32) compiled for 2 chips, tp and pp, served beside its 1-chip calbin under
-    concurrent load: every answer is the 1-chip one's, alone."""
+    concurrent load: every answer is the 1-chip one's, alone, and each split moved its activations
+    between the chips (the suite's one run of the default model on two chips: tiny models cover the
+    in-process paths)."""
     split = {partition: default_calbin_two_chips(partition) for partition in ("tp", "pp")}
     server = start_server([f"one={default_calbin_fp32}", f"tp={split['tp']}", f"pp={split['pp']}"], "--chips", "2",
                           timeout=600)

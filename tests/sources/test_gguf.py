@@ -38,6 +38,28 @@ GEMMA3_KEYS = ["head_dim", "sliding_window", "layer_types", "query_pre_attn_scal
 
 # ── references from transformers (tests only) ───────────────────────────────────────────────────
 
+@pytest.fixture(scope="module", autouse=True)
+def one_reader_per_file():
+    """transformers builds a new gguf.GGUFReader in every GGUF call (config, weights, tokenizer): about
+    12 s each on the default file's 262,144-token vocabulary. A reader is a read-only parse of the file,
+    so within this module each file (path, size, mtime) is parsed once and handed to every call."""
+    import gguf
+
+    made: dict[tuple, object] = {}
+    parse = gguf.GGUFReader
+
+    def reader(path, *args, **kwargs):
+        stat = Path(path).stat()
+        key = (str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns, args, tuple(sorted(kwargs.items())))
+        if key not in made:
+            made[key] = parse(path, *args, **kwargs)
+        return made[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", reader)
+        yield
+
+
 def hf_config(path: Path):
     from transformers import AutoConfig
     return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)

@@ -113,8 +113,20 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     return out
 
 
+def _compile_probe(out: Path, source: SourceModel, family, spec, options: CompileOptions, source_arg: str | None,
+                   isa: IsaInfo | None, stored) -> Path:
+    """calibrate's probe build (prefill_int8.calibrate): `options` over the parent build's source and
+    quantized weights, so no weight is read or quantized a second time (about 25 s of the default model's compile)."""
+    profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
+                      tuple(sorted(set(options.decode_lanes) | {options.lanes})))
+    out.mkdir(parents=True)
+    _write_calbin(out, source, family, spec, profile, options, lambda *_: None, source_arg, isa, stored)
+    return out
+
+
 def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Profile, options: CompileOptions, log,
-                  source_arg: str | None = None, isa: IsaInfo | None = None) -> None:
+                  source_arg: str | None = None, isa: IsaInfo | None = None, stored=None) -> None:
+    """stored: (WeightStore, quantization record) already made for these options (a probe build's); None: quantize here."""
     (folder / "graphs").mkdir()
     tok = tokenizer_info(source, spec)
     (folder / "tokenizer.json").write_text(source.tokenizer_json)
@@ -122,18 +134,24 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     if options.chips > 1:  # refuse a partition the model cannot take before any weight is read
         from calculet.compiler.partition import check_partition
         check_partition(spec, options.partition, options.chips)
-    weights = WeightStore()
     table = policy_table(options.weights, options.block_size)
-    with _progress(len(source.tensors), f"weights ({options.weights})", "tensor") as bar:
-        check_layers(options.quant, spec.num_layers)
-        code_range = isa.compile_cpu.int8_code_range if isa is not None else FULL_INT8_RANGE
-        quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions, options.quant,
-                                     code_range)
-    rope = G.add_rope_tables(spec, profile.context, weights)
+    code_range = isa.compile_cpu.int8_code_range if isa is not None else FULL_INT8_RANGE
+    if stored is None:
+        weights = WeightStore()
+        with _progress(len(source.tensors), f"weights ({options.weights})", "tensor") as bar:
+            check_layers(options.quant, spec.num_layers)
+            quant_record = store_weights(spec, family, source.tensors, table, weights, bar, options.fusions, options.quant,
+                                         code_range)
+    else:   # a probe build of calibrate: the parent's quantized weights (their own copy of the store)
+        weights, quant_record = stored[0].copy(), dict(stored[1])
     if options.prefill_int8_outliers and not prefill_int8.projections(spec, weights):
         options = replace(options, prefill_int8_outliers=0)   # no int8 qkv or gate/up projection to run that way
-    if options.prefill_int8_outliers:   # calibrated on a probe build of the same source (compiler/prefill_int8.py)
-        outliers = prefill_int8.calibrate(source_arg, options, spec, weights,
+    probe_base = (weights.copy(), dict(quant_record)) if options.prefill_int8_outliers else None
+    rope = G.add_rope_tables(spec, profile.context, weights)
+    if options.prefill_int8_outliers:   # calibrated on a probe build of the same weights (compiler/prefill_int8.py)
+        def build_probe(probe_options: CompileOptions, out: Path) -> Path:
+            return _compile_probe(out, source, family, spec, probe_options, source_arg, isa, probe_base)
+        outliers = prefill_int8.calibrate(build_probe, options, spec, weights,
                                           tok.bos_token_id if tok.add_bos_token else None, source.tokenizer_json, log)
         prefill_int8.add_weights(weights, quant_record, outliers, code_range)
         if isa is not None and prefill_int8.float32_prefill(isa.compile_cpu):

@@ -142,12 +142,11 @@ def calibration_ids(tokenizer_json: str, bos: int | None, vocab: int) -> list[li
     return [head + ids[k * n:(k + 1) * n] for k in range(CALIBRATION_PASSAGES) if len(ids) >= (k + 1) * n]
 
 
-def calibrate(source_path: str | None, options, spec: ModelSpec, store, bos: int | None, tokenizer_json: str,
+def calibrate(build_probe, options, spec: ModelSpec, store, bos: int | None, tokenizer_json: str,
               log) -> dict[str, np.ndarray]:
     """{packed weight: int64 ids of its k input channels with the largest |x|}, from a probe build of
-    the same source run on the calibration prompts (ONNX Runtime directly: the runtime is a layer above)."""
-    from calculet.compiler.compile import compile_calbin
-
+    the same weights run on the calibration prompts (ONNX Runtime directly: the runtime is a layer above).
+    build_probe(probe_options, out) -> the probe calbin's path (compile.py builds it from the weights already quantized)."""
     wanted = projections(spec, store)
     probe_options = replace(options, prefill_int8_outliers=0, probes=True, golden=False, lanes=1, decode_lanes=(1,),
                             prefill_chunks=(CALIBRATION_TOKENS,), context=max(2 * CALIBRATION_TOKENS, 256))
@@ -156,7 +155,7 @@ def calibrate(source_path: str | None, options, spec: ModelSpec, store, bos: int
         raise RuntimeError("prefill-int8 calibration: the calibration text gave no prompt")
     peak: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory(prefix="calculet-calibration-") as tmp:
-        calbin = compile_calbin(source_path, Path(tmp) / "probe.calbin", probe_options, log=lambda *_: None)
+        calbin = build_probe(probe_options, Path(tmp) / "probe.calbin")
         for outputs in _probe_runs(calbin, prompts, {p.source for p in wanted}):
             for source, rows in outputs.items():
                 m = np.abs(rows).max(axis=0)

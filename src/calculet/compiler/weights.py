@@ -80,6 +80,13 @@ class WeightStore:
     def quant(self, name: str) -> QuantInfo | None:
         return self._quant.get(name)
 
+    def copy(self) -> "WeightStore":
+        """A second store over the same arrays (none is copied): adding to one leaves the other as it was."""
+        other = WeightStore()
+        other._arrays, other._entries, other._quant = dict(self._arrays), dict(self._entries), dict(self._quant)
+        other._size, other.inline = self._size, dict(self.inline)
+        return other
+
     def add_alias(self, name: str, base: str, shape: tuple[int, ...]) -> None:
         e = self._entries[base]
         if int(np.prod(shape)) * np.dtype(e.dtype).itemsize != e.nbytes:
