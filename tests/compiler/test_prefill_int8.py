@@ -23,6 +23,7 @@ from calculet.compiler.options import CompileOptions
 from calculet.compiler.quantize import QuantFormat, quantize
 from calculet.compiler.weights import QuantInfo, WeightStore
 from calculet.cpu_features import ENV, CpuFeatures, detect
+from calculet.runtime.program import Program
 from calbin_weights import stored_weight
 from decoding import generate_on_calbin
 
@@ -131,6 +132,12 @@ def test_without_an_int8_dot_prefill_runs_down_proj_from_a_float32_copy(tiny_mod
     assert np.array_equal(stored_weight(builds["avx2"], f"{name}.f32"), exact.T)
     assert not any(t.name.endswith(".f32") for t in read_manifest(builds["vnni"]).weights.tensors)
     _assert_as_close_to_fp32_as_the_blocks(tiny_model_dir("llama"), builds["avx2"], tmp_path)
+    # Sessions (runtime/program.py): without MatMulNBits in prefill only the largest chunk keeps
+    # private prepacked copies; with it (VNNI) every session must prepack.
+    avx2, vnni = Program(builds["avx2"]), Program(builds["vnni"])
+    assert {g.name: avx2._prepacks(g) for g in avx2.graphs} == {
+        "prefill_4": False, "prefill_16": True, "decode_1": True, "decode_2": True, "head_1": True, "head_2": True}
+    assert all(vnni._prepacks(g) for g in vnni.graphs)
 
 
 def test_the_pass_stays_off_where_it_cannot_run():

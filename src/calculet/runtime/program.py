@@ -5,8 +5,13 @@ The weights file is mapped once; every session receives the same buffers through
 weights. ONNX Runtime's CPU kernels may "prepack" a constant weight into a private, faster layout,
 which costs one extra copy per session. Decode is memory-bound and repeats every token, so its
 session prepacks (measured about 1.6x faster per step on the default model); prefill sessions do
-not, and read the shared mapping directly (about 1.2x slower per chunk, no extra copy). Quantized
-(MatMulNBits) graphs have no fast path without prepacking, so there every session prepacks.
+not, and read the shared mapping directly (about 1.2x slower per chunk, no extra copy). In a
+quantized calbin MatMulNBits has no fast path without prepacking, so a prefill graph that holds one
+prepacks too. A quantized prefill graph of integer GEMMs and float MatMuls only (the prefill-int8
+pass on a CPU without an int8 dot product) prepacks in the largest chunk alone, which carries most
+prompt tokens: there each chunk session held its own ~190 MB of prepacked copies (the default model
+served 1.61 GiB peak through benchmarks/isa_view, 1.42 with this rule), while the smaller chunks
+run about 1.1-1.25x slower from the mapping (a 200-token prompt, 128 + 64 + 16, 1.03x).
 """
 
 from __future__ import annotations
@@ -42,6 +47,14 @@ class DeviceConfig:
             raise ModelError("bad_option", f"threads must be >= 0, got {self.threads}")
         if not all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in self.provider_options):
             raise ModelError("bad_option", f"provider_options must be (key, value) string pairs, got {self.provider_options!r}")
+
+
+def graph_op_types(path: Path) -> set[str]:
+    """The operator types of an ONNX graph file (its external weights are not read)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return {n.op_type for n in model.graph.node}
 
 
 class Program:
@@ -166,6 +179,15 @@ class Program:
             values[t.name] = ort.OrtValue.ortvalue_from_numpy(array)
         return values
 
+    def _prepacks(self, g: GraphSpec) -> bool:
+        """Whether `g`'s session prepacks its constant weights (see the module docstring)."""
+        if g.type != PREFILL:
+            return True
+        if not self.quantized:
+            return False
+        largest = max(x.tokens for x in self.graphs if x.type == PREFILL)
+        return g.tokens == largest or "MatMulNBits" in graph_op_types(self.path / g.file)
+
     def open_sessions(self, config: DeviceConfig) -> None:
         import onnxruntime as ort
 
@@ -186,7 +208,7 @@ class Program:
             # No busy-waiting between kernels: on a small CPU the spinning pool threads took the
             # cores from the Python thread that prepares the next step (decode 62 -> 84 tok/s).
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            if g.type == PREFILL and not self.quantized:
+            if not self._prepacks(g):
                 so.add_session_config_entry("session.disable_prepacking", "1")
             for name, value in values.items():
                 so.add_initializer(name, value)
