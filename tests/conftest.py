@@ -68,12 +68,13 @@ def default_calbin(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_calbin_fp32(tmp_path_factory):
-    """The default model with fp32 weights (the numerical parity build), 2 lanes, no golden/."""
+    """The default model with fp32 weights (the numerical parity build), 2 lanes, context 1024 (past
+    the sliding window of 512: the 15 local layers keep KV rings), no golden/."""
     from calculet.compiler.compile import compile_calbin
     from calculet.compiler.options import CompileOptions
 
     out = tmp_path_factory.mktemp("calbin-default-fp32") / "gemma3-270m-fp32.calbin"
-    return compile_calbin(None, out, CompileOptions(lanes=2, context=256, weights="fp32", golden=False), log=print)
+    return compile_calbin(None, out, CompileOptions(lanes=2, context=1024, weights="fp32", golden=False), log=print)
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +89,7 @@ def default_calbin_two_chips(tmp_path_factory):
     def build(partition: str) -> Path:
         if partition not in built:
             out = tmp_path_factory.mktemp(f"calbin-default-{partition}") / "gemma3-270m-fp32.calbin"
-            built[partition] = compile_calbin(None, out, CompileOptions(lanes=2, context=256, weights="fp32", golden=False,
+            built[partition] = compile_calbin(None, out, CompileOptions(lanes=2, context=1024, weights="fp32", golden=False,
                                                                         chips=2, partition=partition), log=print)
         return built[partition]
     return build

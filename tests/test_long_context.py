@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from calculet.calbin.manifest import read_manifest
 from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.runtime.device import Device
@@ -21,12 +22,10 @@ LENGTHS = (255, 256, 257, 511, 512, 513, CONTEXT - TOKENS)   # the last: prompt 
 
 
 @pytest.fixture(scope="module")
-def device(tmp_path_factory):
-    from calculet.compiler.compile import compile_calbin
-    from calculet.compiler.options import CompileOptions
-
-    out = tmp_path_factory.mktemp("calbin-default-ring") / "gemma3-270m-fp32.calbin"
-    path = compile_calbin(None, out, CompileOptions(lanes=2, context=CONTEXT, weights="fp32", golden=False), log=print)
+def device(default_calbin_fp32):
+    """The session's fp32 parity build (2 lanes, context 1024)."""
+    path = default_calbin_fp32
+    assert read_manifest(path).profile.context == CONTEXT
     d = Device()
     d.configure(d.load(path))
     yield d
