@@ -22,6 +22,7 @@ from calculet.cpu_features import FULL_INT8_RANGE
 from calculet.errors import RequestError
 
 _GRID_CANDIDATES = (127, 16, 15, 32, 31, 64, 63, 8, 7, 4, 3, 2, 1)
+_GRID_SAMPLE = 4     # values of a block _block_scales tests before the whole block
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,13 @@ def _block_scales(blocks: np.ndarray, max_code: int) -> np.ndarray:
         if m > max_code or todo.size == 0:
             continue
         d = amax[todo] / m
-        r = blocks[todo] / d[:, None]
-        on_grid = np.abs(r - np.round(r)).max(axis=-1) < 1e-3
+        # A block off the grid is usually off it in its first few values already: test those first
+        # and the whole block only where they pass (the same test, on fewer values; ~4x faster).
+        head = blocks[todo, :_GRID_SAMPLE] / d[:, None]
+        maybe = np.flatnonzero(np.abs(head - np.round(head)).max(axis=-1) < 1e-3)
+        r = blocks[todo[maybe]] / d[maybe, None]
+        on_grid = np.zeros(todo.size, bool)
+        on_grid[maybe[np.abs(r - np.round(r)).max(axis=-1) < 1e-3]] = True
         hit = todo[on_grid]
         scale[hit] = d[on_grid] / (max_code // m)
         todo = todo[~on_grid]
