@@ -93,8 +93,7 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
         log(f"warning: this build uses {SLOW_8BIT}. It is a numerics reference (weight-only error without activation "
             "quantization), not for serving: use --weights default (the same int8 weights, int8 compute)")
     options = resolve_context(spec, options, log)   # the trained context within the KV budget, unless asked
-    profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
-                      tuple(sorted(set(options.decode_lanes) | {options.lanes})))
+    profile = _profile(options)
     log(f"compiling {spec.model_type} ({spec.num_layers} layers, hidden {spec.hidden_size}, vocab {spec.vocab_size}) "
         f"from {source.kind} {source.path}: lanes {profile.lanes}, context {profile.context}, chunks {list(profile.prefill_chunks)}")
 
@@ -113,14 +112,18 @@ def compile_calbin(source_path: str | None, out: str | Path, options: CompileOpt
     return out
 
 
+def _profile(options: CompileOptions) -> Profile:
+    """The manifest's profile of options whose context is resolved."""
+    return Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
+                   tuple(sorted(set(options.decode_lanes) | {options.lanes})))
+
+
 def _compile_probe(out: Path, source: SourceModel, family, spec, options: CompileOptions, source_arg: str | None,
                    isa: IsaInfo | None, stored) -> Path:
     """calibrate's probe build (prefill_int8.calibrate): `options` over the parent build's source and
     quantized weights, so no weight is read or quantized a second time (about 25 s of the default model's compile)."""
-    profile = Profile(options.lanes, options.context, tuple(sorted(options.prefill_chunks)),
-                      tuple(sorted(set(options.decode_lanes) | {options.lanes})))
     out.mkdir(parents=True)
-    _write_calbin(out, source, family, spec, profile, options, lambda *_: None, source_arg, isa, stored)
+    _write_calbin(out, source, family, spec, _profile(options), options, lambda *_: None, source_arg, isa, stored)
     return out
 
 
