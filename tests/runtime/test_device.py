@@ -314,3 +314,32 @@ def test_session_creation_failure_on_reset(tiny_calbin):
         assert d.healthy and d.run(PrefillJob(d.lanes.allocate(), (5, 6)), 10).logits is not None
     finally:
         d.close()
+
+
+def _config_entry(session, key: str) -> str | None:
+    try:
+        return session.get_session_options().get_session_config_entry(key)
+    except RuntimeError:   # onnxruntime: no entry with that key
+        return None
+
+
+def test_spinning_policy_sets_the_session_options_and_keeps_the_tokens(tiny_calbin):
+    """DeviceConfig.spinning reaches every session (spin within a run and stop at its end, or never
+    spin), rejects an unknown value with the allowed ones, and does not change a token."""
+    from calculet.runtime.program import DeviceConfig
+
+    with pytest.raises(Exception) as e:
+        DeviceConfig(spinning="always")
+    assert getattr(e.value, "code", None) == "bad_option" and "run, off" in str(e.value)
+    path, tokens = tiny_calbin("qwen3", lanes=4), {}
+    for spinning in ("off", "run"):
+        d = Device(DeviceConfig(threads=2, spinning=spinning))
+        d.configure(d.load(path))
+        entries = {name: (_config_entry(s, "session.intra_op.allow_spinning"),
+                          _config_entry(s, "session.force_spinning_stop"))
+                   for name, s in d.program.sessions.items()}
+        expected = ("1", "1") if spinning == "run" else ("0", None)
+        assert set(entries.values()) == {expected}, entries
+        tokens[spinning] = greedy_together(d, _prompts(), 12)
+        d.close()
+    assert tokens["run"] == tokens["off"]

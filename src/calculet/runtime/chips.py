@@ -33,6 +33,7 @@ class ChipConfig:
     provider_options: tuple[tuple[str, str], ...] = ()
     intra_op_threads: int = 0                          # 0: ONNX Runtime's default (every core)
     memory_budget_bytes: int = 0                       # 0: no budget
+    spinning: str = "off"                              # runtime.program.SPINNING
 
     def __post_init__(self):
         if not 0 <= self.index < MAX_CHIPS:
@@ -47,7 +48,7 @@ class ChipConfig:
                                            f"got {self.memory_budget_bytes}")
 
     def device_config(self) -> DeviceConfig:
-        return DeviceConfig(self.provider, self.intra_op_threads, self.provider_options)
+        return DeviceConfig(self.provider, self.intra_op_threads, self.provider_options, spinning=self.spinning)
 
 
 def split_threads(chips: int, cores: int | None = None) -> int:

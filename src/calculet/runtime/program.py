@@ -33,12 +33,34 @@ from calculet.runtime.kv_store import CudaKV, HostKV
 from calculet.runtime.providers import PROVIDERS, check_active, choose_provider
 
 
+# How ONNX Runtime's intra-op pool threads wait for the next kernel (DeviceConfig.spinning):
+#   off  sleep whenever idle: each parallel kernel wakes its threads (the default);
+#   run  spin between the kernels of a run and stop spinning when it ends (force_spinning_stop).
+# Spinning with no stop at the end of a run took the cores from the Python thread that prepares the
+# next step (decode 62 -> 84 tok/s once it was off). With the stop, on the device alone (default model,
+# 2 threads, AVX2 kernels through benchmarks/isa_view, 6 alternating processes) `run` is faster: 8-lane
+# decode step 48.8 -> 44.4 ms, 1-lane 16.9 -> 13.5 ms, 128-token prefill 234 -> 183 ms. Served (two
+# 5-round runs of vs_llamacpp, one after the other) it was not: 8 streams 98.9 tok/s with `run` against
+# 106 with `off`, 1 stream 47.5 vs 48.1. There the host's threads (sampling, detokenizing, HTTP) run
+# during device jobs (ping/pong) and the spinning thread competes with them for 2 cores. So `off`
+# stays the default; `run` is for a process that waits on each job (benchmarks/RESULTS.md).
+SPINNING = ("run", "off")
+
+
+def session_spinning(so, spinning: str) -> None:
+    """Apply DeviceConfig.spinning to ONNX Runtime session options `so`."""
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning == "run" else "0")
+    if spinning == "run":
+        so.add_session_config_entry("session.force_spinning_stop", "1")
+
+
 @dataclass(frozen=True)
 class DeviceConfig:
     provider: str = "cpu"       # a key of providers.PROVIDERS
     threads: int = 0            # intra-op threads; 0 = ONNX Runtime's default (all cores)
     provider_options: tuple[tuple[str, str], ...] = ()  # (key, value) pairs for the provider
     profile_dir: str = ""       # non-empty: every session writes an ONNX Runtime profile there (placement.py)
+    spinning: str = "off"       # SPINNING: how the intra-op pool threads wait between kernels
 
     def __post_init__(self):
         if self.provider not in PROVIDERS:
@@ -47,6 +69,8 @@ class DeviceConfig:
             raise ModelError("bad_option", f"threads must be >= 0, got {self.threads}")
         if not all(isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in self.provider_options):
             raise ModelError("bad_option", f"provider_options must be (key, value) string pairs, got {self.provider_options!r}")
+        if self.spinning not in SPINNING:
+            raise ModelError("bad_option", f"spinning must be one of {', '.join(SPINNING)}, got {self.spinning!r}")
 
 
 def graph_op_types(path: Path) -> set[str]:
@@ -205,9 +229,7 @@ class Program:
             if config.profile_dir:
                 so.enable_profiling = True
                 so.profile_file_prefix = str(Path(config.profile_dir) / g.name)
-            # No busy-waiting between kernels: on a small CPU the spinning pool threads took the
-            # cores from the Python thread that prepares the next step (decode 62 -> 84 tok/s).
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            session_spinning(so, config.spinning)
             if not self._prepacks(g):
                 so.add_session_config_entry("session.disable_prepacking", "1")
             for name, value in values.items():

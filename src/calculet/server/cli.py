@@ -56,6 +56,11 @@ def add_server_arguments(p) -> None:
     p.add_argument("--request-timeout", type=float, default=None, metavar="S", help="fail a request after S seconds")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: from the path)")
     p.add_argument("--threads", type=int, default=ServerConfig.threads, help="ONNX Runtime intra-op threads (0 = all cores)")
+    p.add_argument("--ort-spinning", choices=("run", "off"), default=ServerConfig.spinning,
+                   help="how ONNX Runtime's pool threads wait between kernels: off = sleep whenever idle; run = spin "
+                        "within a device job and stop when it ends (faster device steps, but on a 2-core CPU the "
+                        "spinning thread competes with sampling and streaming: served 8 streams measured slower) "
+                        "(default %(default)s)")
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="chat template for /v1/chat/completions: a built-in (gemma, chatml, qwen, llama3) or a Jinja "
                         "file (default: the model's own, else the built-in for its family)")
@@ -97,7 +102,7 @@ def server_config(args) -> ServerConfig:
                           max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens,
                           step_token_budget=args.step_token_budget,
                           burst_prefill_tokens=args.burst_prefill_tokens, in_flight=args.in_flight, request_timeout_s=args.request_timeout,
-                          served_model_name=args.served_model_name, threads=args.threads,
+                          served_model_name=args.served_model_name, threads=args.threads, spinning=args.ort_spinning,
                           chat_template=args.chat_template, provider=args.provider,
                           provider_options=parse_provider_options(args.provider_option), max_body_bytes=args.max_body_bytes,
                           drain_timeout_s=args.drain_timeout, job_timeout_s=args.job_timeout, chips=args.chips,

@@ -26,6 +26,7 @@ class ServerConfig:
     request_timeout_s: float | None = None
     served_model_name: str | None = None
     threads: int = 0
+    spinning: str = "off"                  # --ort-spinning: runtime.program.SPINNING
     chat_template: str | None = None       # a built-in name (gemma, chatml, qwen, llama3) or a Jinja file
     provider: str = "cpu"                  # runtime.providers.PROVIDERS key
     provider_options: tuple[tuple[str, str], ...] = ()
@@ -98,14 +99,16 @@ class ServerConfig:
         """The runtime's share: provider, its options and threads (validated by DeviceConfig)."""
         from calculet.runtime.program import DeviceConfig
 
-        return DeviceConfig(self.provider, threads=self.threads, provider_options=self.provider_options)
+        return DeviceConfig(self.provider, threads=self.threads, provider_options=self.provider_options,
+                            spinning=self.spinning)
 
     def chip_configs(self) -> tuple:
         """The server's chips (runtime.chips.ChipConfig), built from the flags: --chips, --threads,
         --chip-memory, --provider and its options (server/placement.py)."""
         from calculet.server.placement import server_chips
 
-        return server_chips(self.chips, self.threads, self.chip_memory, self.provider, self.provider_options)
+        return server_chips(self.chips, self.threads, self.chip_memory, self.provider, self.provider_options,
+                            self.spinning)
 
     def compile_chips(self, spec) -> int:
         """How many chips a source is compiled for: 1, or with a partition the chips the model names

@@ -1,0 +1,37 @@
+"""`calculet serve --ort-spinning run|off`: the flag reaches every chip's DeviceConfig, and so every
+ONNX Runtime session the served model opens (runtime.program.SPINNING); `off` is the default."""
+
+from __future__ import annotations
+
+import argparse
+
+from calculet.server.cli import add_server_arguments, server_config
+from calculet.server.host import ModelHost
+from calculet.server.metrics import ServerMetrics
+
+
+def _config(*argv):
+    p = argparse.ArgumentParser()
+    add_server_arguments(p)
+    return server_config(p.parse_args(list(argv)))
+
+
+def test_default_is_off_and_the_flag_reaches_the_chips():
+    assert _config().spinning == "off"
+    config = _config("--ort-spinning", "run", "--chips", "2")
+    assert {c.device_config().spinning for c in config.chip_configs()} == {"run"}
+    assert config.device_config().spinning == "run"
+
+
+def test_served_sessions_spin_within_a_job(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("CALCULET_CACHE", str(tmp_path / "cache"))
+    host = ModelHost(_config(str(tiny_model_dir("llama")), "--ort-spinning", "run"), ServerMetrics())
+    host.load()
+    try:
+        (model,) = host.models()
+        sessions = model.device.program.sessions.values()
+        assert {s.get_session_options().get_session_config_entry("session.force_spinning_stop") for s in sessions} == {"1"}
+        assert {s.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+                for s in sessions} == {"1"}
+    finally:
+        host.close()
