@@ -7,7 +7,7 @@ import pytest
 
 from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
-from calculet.errors import DeviceError, ErrorKind, RequestError
+from calculet.errors import DeviceError, ErrorKind, ModelError, RequestError
 from calculet.runtime.device import Device
 from calculet.runtime.faults import FaultPlan
 from calculet.runtime.jobs import DecodeJob, PrefillJob
@@ -328,9 +328,9 @@ def test_spinning_policy_sets_the_session_options_and_keeps_the_tokens(tiny_calb
     spin), rejects an unknown value with the allowed ones, and does not change a token."""
     from calculet.runtime.program import DeviceConfig
 
-    with pytest.raises(Exception) as e:
+    with pytest.raises(ModelError) as e:
         DeviceConfig(spinning="always")
-    assert getattr(e.value, "code", None) == "bad_option" and "run, off" in str(e.value)
+    assert e.value.code == "bad_option" and "run, off" in str(e.value)
     path, tokens = tiny_calbin("qwen3", lanes=4), {}
     for spinning in ("off", "run"):
         d = Device(DeviceConfig(threads=2, spinning=spinning))

@@ -96,7 +96,7 @@ class ServerConfig:
                 f"prefix_cache={self.prefix_cache}, kv_dtype={self.kv_dtype!r})")
 
     def device_config(self):
-        """The runtime's share: provider, its options and threads (validated by DeviceConfig)."""
+        """The runtime's share: provider, its options, threads and spinning (validated by DeviceConfig)."""
         from calculet.runtime.program import DeviceConfig
 
         return DeviceConfig(self.provider, threads=self.threads, provider_options=self.provider_options,
