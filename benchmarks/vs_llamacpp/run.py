@@ -41,6 +41,7 @@ from calculet.bench.report import summary_table, write_report  # noqa: E402
 from calculet.bench.runner import run_benchmark  # noqa: E402
 from calculet.bench.slo import parse_slo  # noqa: E402
 from calculet.cpu_features import detect  # noqa: E402
+from machine_load import sample, since  # noqa: E402
 from rounds import collect, rounds_json, rounds_markdown  # noqa: E402
 from scenarios import SCENARIOS, WARM_UP_SEED_OFFSET, build_scenarios, saturation_rate, warm_up_scenario  # noqa: E402
 
@@ -127,6 +128,19 @@ def compile_long_calbin(args: argparse.Namespace) -> Path:
     return out
 
 
+def loads_markdown(loads: list) -> str:
+    """The machine during each measured run (machine_load.py): a busy or stolen CPU explains a bad round."""
+    lines = ["## The machine during each measured run", "",
+             "steal = CPU time the hypervisor gave to other guests; busy = the rest of the non-idle time (both "
+             "shares of the two servers' whole CPU over the run); other servers' CPU = what an idle server took.", "",
+             "| round | scenario | measured | steal | busy | other servers' CPU s |", "|---|---|---|---|---|---|"]
+    pct = lambda v: "–" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    for r, name, load in loads:
+        others = ", ".join(f"{k} {'–' if v is None else f'{v:.2f}'}" for k, v in load.others_s.items()) or "–"
+        lines.append(f"| {r} | {name} | {load.measured} | {pct(load.steal)} | {pct(load.busy)} | {others} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-only", action="store_true", help="benchmark llama-server alone")
@@ -194,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     servers: dict[tuple[str, str], tuple[subprocess.Popen, str, Path]] = {}
     per_round: list[dict] = []
+    loads: list[tuple[int, str, object]] = []   # (round, scenario, machine_load.Load) per measured run
     metrics_of: dict[str, tuple] = {}
     try:
         for pair in sorted(pairs, reverse=True):  # main first
@@ -242,8 +257,13 @@ def main(argv: list[str] | None = None) -> int:
                     if (scenario.servers, label) not in servers:
                         continue
                     prompts = runs["llama.cpp"].parent / "prompts.jsonl" if "llama.cpp" in runs else None
+                    pids = {f"{pair}/{who}": process.pid for (pair, who), (process, _, _) in servers.items()}
+                    before = sample(pids)
                     runs[label] = bench(servers[(scenario.servers, label)][1], label, folder / label, scenario.settings,
                                         args, prompts, seed)
+                    load = since(before, sample(pids), f"{scenario.servers}/{label}")
+                    loads.append((r + 1, name, load))
+                    print(f"machine during {label} {name}, round {r + 1}: {load.line()}", file=sys.stderr)
                 by = {label: {s.scenario: s for s in summarize(read_records(run), slo)} for label, run in runs.items()}
                 for sub in dict.fromkeys([k for d in by.values() for k in d]):
                     results[(name, sub)] = (by.get("llama.cpp", {}).get(sub), by.get("calculet", {}).get(sub))
@@ -258,9 +278,11 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = collect(per_round, metrics_of)
     cpu = detect().to_json()
-    summary = rounds_markdown(rows, cpu, args.rounds)
+    summary = rounds_markdown(rows, cpu, args.rounds) + "\n\n" + loads_markdown(loads)
     (args.out / "rounds.md").write_text(summary + "\n", encoding="utf-8")
-    (args.out / "rounds.json").write_text(rounds_json(rows, cpu), encoding="utf-8")
+    result = json.loads(rounds_json(rows, cpu))
+    result["machine"] = [{"round": r, "scenario": name, **load.to_json()} for r, name, load in loads]
+    (args.out / "rounds.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print("\n" + summary)
     return 0
 
