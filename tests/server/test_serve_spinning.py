@@ -1,5 +1,5 @@
 """`calculet serve --ort-spinning run|off`: the flag reaches every chip's DeviceConfig, and so every
-ONNX Runtime session the served model opens (runtime.program.SPINNING); `off` is the default."""
+ONNX Runtime session the served model opens (runtime.program.SPINNING); `run` is the default."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ def _config(*argv):
     return server_config(p.parse_args(list(argv)))
 
 
-def test_default_is_off_and_the_flag_reaches_the_chips():
-    assert _config().spinning == "off"
-    config = _config("--ort-spinning", "run", "--chips", "2")
-    assert {c.device_config().spinning for c in config.chip_configs()} == {"run"}
-    assert config.device_config().spinning == "run"
+def test_default_is_run_and_the_flag_reaches_the_chips():
+    assert _config().spinning == "run"
+    config = _config("--ort-spinning", "off", "--chips", "2")
+    assert {c.device_config().spinning for c in config.chip_configs()} == {"off"}
+    assert config.device_config().spinning == "off"
 
 
 def test_served_sessions_spin_within_a_job(tiny_model_dir, tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ class ChipConfig:
     provider_options: tuple[tuple[str, str], ...] = ()
     intra_op_threads: int = 0                          # 0: ONNX Runtime's default (every core)
     memory_budget_bytes: int = 0                       # 0: no budget
-    spinning: str = "off"                              # runtime.program.SPINNING
+    spinning: str = "run"                              # runtime.program.SPINNING
 
     def __post_init__(self):
         if not 0 <= self.index < MAX_CHIPS:

@@ -34,16 +34,18 @@ from calculet.runtime.providers import PROVIDERS, check_active, choose_provider
 
 
 # How ONNX Runtime's intra-op pool threads wait for the next kernel (DeviceConfig.spinning):
-#   off  sleep whenever idle: each parallel kernel wakes its threads (the default);
-#   run  spin between the kernels of a run and stop spinning when it ends (force_spinning_stop).
+#   run  spin between the kernels of a run and stop spinning when it ends (force_spinning_stop): the default;
+#   off  sleep whenever idle: each parallel kernel wakes its threads.
 # Spinning with no stop at the end of a run took the cores from the Python thread that prepares the
 # next step (decode 62 -> 84 tok/s once it was off). With the stop, on the device alone (default model,
 # 2 threads, AVX2 kernels through benchmarks/isa_view, 6 alternating processes) `run` is faster: 8-lane
-# decode step 48.8 -> 44.4 ms, 1-lane 16.9 -> 13.5 ms, 128-token prefill 234 -> 183 ms. Served (two
-# 5-round runs of vs_llamacpp, one after the other) it was not: 8 streams 98.9 tok/s with `run` against
-# 106 with `off`, 1 stream 47.5 vs 48.1. There the host's threads (sampling, detokenizing, HTTP) run
-# during device jobs (ping/pong) and the spinning thread competes with them for 2 cores. So `off`
-# stays the default; `run` is for a process that waits on each job (benchmarks/RESULTS.md).
+# decode step 48.8 -> 44.4 ms, 1-lane 16.9 -> 13.5 ms, 128-token prefill 234 -> 183 ms. Served, two
+# 5-round vs_llamacpp runs one after the other first read `off` as faster, but the rounds there moved
+# with the hypervisor's steal more than with the setting; alternating two servers round by round
+# (benchmarks/serve_ab.py, 8 rounds, steal recorded per run) `run` was faster at 1 and 8 streams and
+# took less steal: a vCPU whose threads sleep between kernels is descheduled by the host and waits
+# to come back, one that spins keeps its core (benchmarks/RESULTS.md). So `run` is the default;
+# `off` suits a CPU shared with other busy processes (e.g. several chips on the same cores).
 SPINNING = ("run", "off")
 
 
@@ -60,7 +62,7 @@ class DeviceConfig:
     threads: int = 0            # intra-op threads; 0 = ONNX Runtime's default (all cores)
     provider_options: tuple[tuple[str, str], ...] = ()  # (key, value) pairs for the provider
     profile_dir: str = ""       # non-empty: every session writes an ONNX Runtime profile there (placement.py)
-    spinning: str = "off"       # SPINNING: how the intra-op pool threads wait between kernels
+    spinning: str = "run"       # SPINNING: how the intra-op pool threads wait between kernels
 
     def __post_init__(self):
         if self.provider not in PROVIDERS:

@@ -57,10 +57,9 @@ def add_server_arguments(p) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: from the path)")
     p.add_argument("--threads", type=int, default=ServerConfig.threads, help="ONNX Runtime intra-op threads (0 = all cores)")
     p.add_argument("--ort-spinning", choices=("run", "off"), default=ServerConfig.spinning,
-                   help="how ONNX Runtime's pool threads wait between kernels: off = sleep whenever idle; run = spin "
-                        "within a device job and stop when it ends (faster device steps, but on a 2-core CPU the "
-                        "spinning thread competes with sampling and streaming: served 8 streams measured slower) "
-                        "(default %(default)s)")
+                   help="how ONNX Runtime's pool threads wait between kernels: run = spin within a device job and "
+                        "stop when it ends (faster steps: the cores stay awake between kernels); off = sleep whenever "
+                        "idle (for cores shared with other busy processes) (default %(default)s)")
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="chat template for /v1/chat/completions: a built-in (gemma, chatml, qwen, llama3) or a Jinja "
                         "file (default: the model's own, else the built-in for its family)")

@@ -26,7 +26,7 @@ class ServerConfig:
     request_timeout_s: float | None = None
     served_model_name: str | None = None
     threads: int = 0
-    spinning: str = "off"                  # --ort-spinning: runtime.program.SPINNING
+    spinning: str = "run"                  # --ort-spinning: runtime.program.SPINNING
     chat_template: str | None = None       # a built-in name (gemma, chatml, qwen, llama3) or a Jinja file
     provider: str = "cpu"                  # runtime.providers.PROVIDERS key
     provider_options: tuple[tuple[str, str], ...] = ()

@@ -30,7 +30,7 @@ from calculet.runtime.chips import ChipConfig
 
 
 def server_chips(chips: int, threads: int, chip_memory: int | None, provider: str = "cpu",
-                 provider_options: tuple = (), spinning: str = "off") -> tuple[ChipConfig, ...]:
+                 provider_options: tuple = (), spinning: str = "run") -> tuple[ChipConfig, ...]:
     """The server's chips from its flags, built once. One chip and --threads 0 keep ONNX Runtime's
     default (all cores), as a single-model server always had; N chips share the cores evenly
     (runtime.chips.split_threads) unless --threads says how many each gets."""
