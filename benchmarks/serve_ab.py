@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "vs_llamacpp"))
 
-from machine_load import sample, since  # noqa: E402
+from machine_load import percent, sample, since  # noqa: E402
 from run import free_port, served_model, start, stop, wait_ready  # noqa: E402
 
 from calculet.bench.config import build_config  # noqa: E402
@@ -60,14 +60,16 @@ def table(results: list[dict], concurrency: int) -> list[str]:
         b = next(x for x in rows if x["round"] == r and x["side"] == "B")
         ratio = b["tok_s"] / a["tok_s"] if a["tok_s"] else None
         ratios.append(ratio)
-        lines.append(f"| {r} | {a['tok_s']:.1f} | {100 * (a['steal'] or 0):.1f}% | {b['tok_s']:.1f} | {100 * (b['steal'] or 0):.1f}% | "
+        lines.append(f"| {r} | {a['tok_s']:.1f} | {percent(a['steal'])} | {b['tok_s']:.1f} | {percent(b['steal'])} | "
                      f"{ratio:.2f}x | {1e3 * a['tpot_p50']:.1f} | {1e3 * b['tpot_p50']:.1f} |")
     med = lambda side, k: statistics.median(x[k] for x in rows if x["side"] == side)  # noqa: E731
     worst = lambda side: min(x["tok_s"] for x in rows if x["side"] == side)  # noqa: E731
+    steals = lambda side: [x["steal"] for x in rows if x["side"] == side and x["steal"] is not None]  # noqa: E731
+    steal = lambda side: percent(statistics.median(steals(side))) if steals(side) else percent(None)  # noqa: E731
     wins = sum(1 for x in ratios if x and x > 1)
     lines += ["", f"medians: A {med('A', 'tok_s'):.1f} tok/s (worst {worst('A'):.1f}), B {med('B', 'tok_s'):.1f} "
               f"(worst {worst('B'):.1f}); B/A median {statistics.median(ratios):.2f}x; B faster in {wins} of {len(ratios)} "
-              f"rounds; steal median A {100 * med('A', 'steal'):.1f}%, B {100 * med('B', 'steal'):.1f}%; TTFT p50 median "
+              f"rounds; steal median A {steal('A')}, B {steal('B')}; TTFT p50 median "
               f"A {1e3 * med('A', 'ttft_p50'):.0f} ms, B {1e3 * med('B', 'ttft_p50'):.0f} ms", ""]
     return lines
 

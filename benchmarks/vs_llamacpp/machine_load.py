@@ -35,13 +35,20 @@ class Load:
     busy: float | None                         # not idle / all CPU time (steal excluded), 0..1
     others_s: dict[str, float | None]          # label -> CPU seconds another server took meanwhile
 
+    def others_text(self, unit: str = " s", empty: str = "none") -> str:
+        """'label 0.12 s, ...': the CPU seconds every other server took."""
+        return ", ".join(f"{k} {'–' if v is None else f'{v:.2f}{unit}'}" for k, v in self.others_s.items()) or empty
+
     def line(self) -> str:
-        pct = lambda v: "–" if v is None else f"{100 * v:.1f}%"  # noqa: E731
-        others = ", ".join(f"{k} {'–' if v is None else f'{v:.2f} s'}" for k, v in self.others_s.items()) or "none"
-        return f"steal {pct(self.steal)}, busy {pct(self.busy)}, other servers' CPU: {others}"
+        return f"steal {percent(self.steal)}, busy {percent(self.busy)}, other servers' CPU: {self.others_text()}"
 
     def to_json(self) -> dict:
         return {"measured": self.measured, "steal": self.steal, "busy": self.busy, "others_s": self.others_s}
+
+
+def percent(share: float | None) -> str:
+    """A 0..1 share as '12.3%' ('–' when it could not be read)."""
+    return "–" if share is None else f"{100 * share:.1f}%"
 
 
 def _cpu_ticks(proc: Path) -> tuple[int, ...] | None:

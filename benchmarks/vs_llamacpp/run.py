@@ -41,7 +41,7 @@ from calculet.bench.report import summary_table, write_report  # noqa: E402
 from calculet.bench.runner import run_benchmark  # noqa: E402
 from calculet.bench.slo import parse_slo  # noqa: E402
 from calculet.cpu_features import detect  # noqa: E402
-from machine_load import sample, since  # noqa: E402
+from machine_load import Load, percent, sample, since  # noqa: E402
 from rounds import collect, rounds_json, rounds_markdown  # noqa: E402
 from scenarios import SCENARIOS, WARM_UP_SEED_OFFSET, build_scenarios, saturation_rate, warm_up_scenario  # noqa: E402
 
@@ -128,16 +128,15 @@ def compile_long_calbin(args: argparse.Namespace) -> Path:
     return out
 
 
-def loads_markdown(loads: list) -> str:
+def loads_markdown(loads: list[tuple[int, str, Load]]) -> str:
     """The machine during each measured run (machine_load.py): a busy or stolen CPU explains a bad round."""
     lines = ["## The machine during each measured run", "",
              "steal = CPU time the hypervisor gave to other guests; busy = the rest of the non-idle time (both "
              "shares of the two servers' whole CPU over the run); other servers' CPU = what an idle server took.", "",
              "| round | scenario | measured | steal | busy | other servers' CPU s |", "|---|---|---|---|---|---|"]
-    pct = lambda v: "–" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     for r, name, load in loads:
-        others = ", ".join(f"{k} {'–' if v is None else f'{v:.2f}'}" for k, v in load.others_s.items()) or "–"
-        lines.append(f"| {r} | {name} | {load.measured} | {pct(load.steal)} | {pct(load.busy)} | {others} |")
+        lines.append(f"| {r} | {name} | {load.measured} | {percent(load.steal)} | {percent(load.busy)} | "
+                     f"{load.others_text(unit='', empty='–')} |")
     return "\n".join(lines)
 
 
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
     servers: dict[tuple[str, str], tuple[subprocess.Popen, str, Path]] = {}
     per_round: list[dict] = []
-    loads: list[tuple[int, str, object]] = []   # (round, scenario, machine_load.Load) per measured run
+    loads: list[tuple[int, str, Load]] = []   # (round, scenario, machine load) per measured run
     metrics_of: dict[str, tuple] = {}
     try:
         for pair in sorted(pairs, reverse=True):  # main first
@@ -228,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                                                f"http://127.0.0.1:{port}", log)
         for process, url, log in servers.values():
             wait_ready(url, process, log, args.ready_timeout)
+        pids = {f"{pair}/{who}": process.pid for (pair, who), (process, _, _) in servers.items()}  # machine_load labels
         if not args.no_warm_up_wave:
             wave = warm_up_scenario(args)
             for label in ("llama.cpp", "calculet"):
@@ -257,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
                     if (scenario.servers, label) not in servers:
                         continue
                     prompts = runs["llama.cpp"].parent / "prompts.jsonl" if "llama.cpp" in runs else None
-                    pids = {f"{pair}/{who}": process.pid for (pair, who), (process, _, _) in servers.items()}
                     before = sample(pids)
                     runs[label] = bench(servers[(scenario.servers, label)][1], label, folder / label, scenario.settings,
                                         args, prompts, seed)
