@@ -18,6 +18,10 @@ def test_cpuinfo_flags_map_to_our_names_and_model():
     flags, model = from_cpuinfo(EPYC_AVX2)
     assert flags == ("avx2", "fma", "f16c") and model == "AMD EPYC 7B13"
     assert from_cpuinfo("processor : 0\nFeatures : fp asimd\n") is None   # ARM: no x86 flags line
+    # family and model tell apart the generations that share a model name (AVX2-only vs AVX-512 VNNI EPYCs)
+    numbered = from_cpuinfo("cpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nflags\t: avx2 fma\n"
+                            "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n")
+    assert numbered == (("avx2", "fma"), "AMD EPYC (family 25 model 1)")
 
 
 def test_env_override_wins_and_is_validated(tmp_path):
@@ -26,6 +30,9 @@ def test_env_override_wins_and_is_validated(tmp_path):
     assert detect({}, info).flags == ("avx2", "fma", "f16c") and detect({}, info).source == str(info)
     sim = detect({ENV: "avx512_vnni, AVX2"}, info)
     assert sim.flags == ("avx2", "avx512_vnni") and sim.source.startswith("env") and sim.int8_dot == "avx512_vnni"
+    # the record of a simulated run still names the real CPU and its real features
+    assert sim.model == "AMD EPYC 7B13" and sim.source.endswith("the CPU has avx2 fma f16c")
+    assert detect({ENV: "avx2"}, tmp_path / "missing").source == f"env {ENV}"
     assert detect({ENV: "none"}, info).flags == ()
     with pytest.raises(RequestError, match="allowed: avx2, fma"):
         parse_env("avx2,sse9")

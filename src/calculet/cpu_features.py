@@ -101,17 +101,22 @@ def parse_env(text: str) -> tuple[str, ...]:
 
 
 def from_cpuinfo(text: str) -> tuple[tuple[str, ...], str] | None:
-    """(features, model name) from /proc/cpuinfo text; None when it has no `flags` line (e.g. ARM)."""
-    flags, model = None, ""
+    """(features, model) from /proc/cpuinfo text; None when it has no `flags` line (e.g. ARM). The model is the
+    `model name` with the `cpu family` and `model` numbers where given (`AMD EPYC (family 25 model 17)`): machines
+    of one kind share a model name and differ in instruction set by generation, so a figure names both."""
+    flags, fields = None, {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()
         if key == "flags" and flags is None:
             flags = set(value.split())
-        elif key == "model name" and not model:
-            model = value.strip()
+        elif key in ("model name", "cpu family", "model") and key not in fields:
+            fields[key] = value.strip()
     if flags is None:
         return None
+    model = fields.get("model name", "")
+    if "cpu family" in fields and "model" in fields:
+        model = f"{model or 'x86'} (family {fields['cpu family']} model {fields['model']})"
     return tuple(name for name, (flag, _) in FEATURES.items() if flag in flags), model
 
 
@@ -130,12 +135,14 @@ def detect(environ: dict | None = None, cpuinfo: Path = Path("/proc/cpuinfo")) -
     """This CPU's features (or the simulated ones in CALCULET_CPU_FEATURES)."""
     environ = os.environ if environ is None else environ
     machine = platform.machine()
-    if environ.get(ENV):
-        return CpuFeatures(parse_env(environ[ENV]), f"env {ENV}", machine)
     try:
         parsed = from_cpuinfo(cpuinfo.read_text(errors="replace"))
     except OSError:
         parsed = None
+    if environ.get(ENV):
+        # The simulated features decide; the record still says which CPU ran it and what it really has.
+        real = f"; the CPU has {' '.join(parsed[0]) or 'none of them'}" if parsed is not None else ""
+        return CpuFeatures(parse_env(environ[ENV]), f"env {ENV}{real}", machine, parsed[1] if parsed else "")
     if parsed is not None:
         return CpuFeatures(parsed[0], str(cpuinfo), machine, parsed[1])
     found = _from_numpy()
