@@ -37,6 +37,21 @@ CMAKE_OPTIONS = [
     "-DGGML_NATIVE=ON",
 ]
 
+# --no-amx: every instruction set of `-march=native` on an AVX-512 CPU but ggml's AMX kernels. Seen on
+# 2026-12-04 on an Intel Xeon (family 6 model 167, amx_int8 granted by the kernel): the native build
+# segfaults in ggml_backend_amx_mul_mat at its first decode of the default model (Q4_K_M).
+NO_AMX_OPTIONS = [
+    "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
+    "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON",
+    "-DGGML_AVX_VNNI=ON", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
+]
+
+
+def cmake_options(no_amx: bool) -> list[str]:
+    if not no_amx:
+        return CMAKE_OPTIONS
+    return [o for o in CMAKE_OPTIONS if not o.startswith("-DGGML_NATIVE=")] + NO_AMX_OPTIONS
+
 
 def built_binary(cache: Path) -> Path:
     return cache / "build" / "bin" / "llama-server"
@@ -83,11 +98,11 @@ def fetch_sources(cache: Path) -> Path:
     return llama_cpp
 
 
-def build_llama_server(cache: Path, jobs: int) -> Path:
+def build_llama_server(cache: Path, jobs: int, no_amx: bool = False) -> Path:
     """Configure and build only the llama-server target; return the binary's path."""
     llama_cpp = fetch_sources(cache)
     build = cache / "build"
-    subprocess.run(["cmake", "-S", str(llama_cpp), "-B", str(build), *CMAKE_OPTIONS], check=True)
+    subprocess.run(["cmake", "-S", str(llama_cpp), "-B", str(build), *cmake_options(no_amx)], check=True)
     subprocess.run(
         ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)], check=True
     )
@@ -97,9 +112,9 @@ def build_llama_server(cache: Path, jobs: int) -> Path:
     return binary
 
 
-def find_or_build(explicit: str | None = None, cache: Path = DEFAULT_CACHE, jobs: int = 2) -> Path:
+def find_or_build(explicit: str | None = None, cache: Path = DEFAULT_CACHE, jobs: int = 2, no_amx: bool = False) -> Path:
     found = find_llama_server(explicit, cache)
-    return found if found is not None else build_llama_server(cache, jobs)
+    return found if found is not None else build_llama_server(cache, jobs, no_amx)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,8 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-server", help="use this binary instead of searching or building")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="cache folder (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel compile jobs (default: %(default)s)")
+    parser.add_argument("--no-amx", action="store_true",
+                        help="build with the CPU's AVX-512/VNNI/BF16 kernels but without ggml's AMX ones (where the "
+                             "native build crashes on AMX; give a --cache of its own to keep both builds)")
     args = parser.parse_args(argv)
-    print(find_or_build(args.llama_server, args.cache.expanduser(), args.jobs))
+    print(find_or_build(args.llama_server, args.cache.expanduser(), args.jobs, args.no_amx))
     return 0
 
 
