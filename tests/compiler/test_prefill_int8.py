@@ -140,37 +140,6 @@ def test_without_an_int8_dot_prefill_runs_down_proj_from_a_float32_copy(tiny_mod
     assert all(vnni._prepacks(g) for g in vnni.graphs)
 
 
-def test_with_amx_only_the_largest_prefill_chunk_reads_the_float32_down_proj(tiny_model_dir, tmp_path, monkeypatch):
-    """With AMX the 8-bit block kernel has no AMX path and a prepacked float32 GEMM beats it at prefill
-    row counts, but each prefill session prepacks its own copy: so only the largest chunk, which
-    prepacks anyway, reads down_proj's float32 copy; the smaller ones keep the block kernel (and so
-    keep prepacking), decode keeps the blocks, and the logits stay as close to fp32 as the blocks'."""
-    monkeypatch.setenv(ENV, VNNI_FLAGS + ",amx_int8")
-    path = _compile(tiny_model_dir("llama"), tmp_path / "amx.calbin", 32)
-    m = read_manifest(path)
-    layers = m.model.hyperparameters.num_layers
-    largest, small = _ops(path, "prefill_16"), _ops(path, "prefill_4")
-    assert largest["MatMulNBits"] == 0 and largest["MatMul"] >= layers and largest["MatMulIntegerToFloat"] == 3 * layers
-    assert small["MatMulNBits"] == layers and small["MatMulIntegerToFloat"] == 3 * layers, small
-    for graph in ("decode_1", "decode_2"):
-        assert _ops(path, graph)["MatMulNBits"] == 4 * layers
-    assert m.quantization.tensors["model.layers.0.mlp.down_proj.weight.f32"].kind == "fp32"
-    program = Program(path)
-    assert all(program._prepacks(g) for g in program.graphs)
-    if REAL_INT8_DOT:   # its full-range u8 x s8 GEMMs may saturate on a CPU without one
-        _assert_as_close_to_fp32_as_the_blocks(tiny_model_dir("llama"), path, tmp_path)
-
-
-def test_which_chunks_read_the_float32_copies():
-    amx = CpuFeatures(tuple(VNNI_FLAGS.split(",")) + ("amx_int8",), "test", "x86_64")
-    vnni = CpuFeatures(tuple(VNNI_FLAGS.split(",")), "test", "x86_64")
-    arm = CpuFeatures((), "test", "aarch64")
-    assert [prefill_int8.float32_prefill(c) for c in (AVX2, amx, vnni, arm)] == ["all", "largest", "", ""]
-    assert prefill_int8.float32_chunks("all", (16, 64, 128)) == (16, 64, 128)
-    assert prefill_int8.float32_chunks("largest", (16, 64, 128)) == (128,)
-    assert prefill_int8.float32_chunks("", (16, 64, 128)) == ()
-
-
 def test_the_pass_stays_off_where_it_cannot_run():
     vnni = CpuFeatures(tuple(VNNI_FLAGS.split(",")), "test", "x86_64")
     assert "portable" in prefill_int8.applicable(CompileOptions(target="portable", weights="int8",

@@ -26,7 +26,6 @@ class GraphBuilder:
         self.probes: list[tuple[str, str, int, int | None]] = []  # (module, value, width, positions)
         self.probe_positions: int | None = None  # tokens per lane from here on when not the graph's S
         self.prefill_shape: tuple[int, int] | None = None  # (lanes, tokens) of a prefill graph (prefill_int8)
-        self.float32_prefill = False   # this prefill graph reads the float32 copies (prefill_int8.FLOAT32_PREFILL)
         self._nodes = []
         self._inputs = []
         self._outputs = []

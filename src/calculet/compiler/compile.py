@@ -151,17 +151,14 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         options = replace(options, prefill_int8_outliers=0)   # no int8 qkv or gate/up projection to run that way
     probe_base = (weights.copy(), dict(quant_record)) if options.prefill_int8_outliers else None
     rope = G.add_rope_tables(spec, profile.context, weights)
-    float32_chunks: tuple[int, ...] = ()   # prefill chunks that read float32 copies (prefill_int8.FLOAT32_PREFILL)
     if options.prefill_int8_outliers:   # calibrated on a probe build of the same weights (compiler/prefill_int8.py)
         def build_probe(probe_options: CompileOptions, out: Path) -> Path:
             return _compile_probe(out, source, family, spec, probe_options, source_arg, isa, probe_base)
         outliers = prefill_int8.calibrate(build_probe, options, spec, weights,
                                           tok.bos_token_id if tok.add_bos_token else None, source.tokenizer_json, log)
         prefill_int8.add_weights(weights, quant_record, outliers, code_range)
-        rule = prefill_int8.float32_prefill(isa.compile_cpu) if isa is not None else ""
-        if rule:
+        if isa is not None and prefill_int8.float32_prefill(isa.compile_cpu):
             prefill_int8.add_float32_copies(spec, weights, quant_record)
-            float32_chunks = prefill_int8.float32_chunks(rule, profile.prefill_chunks)
     check_stored(weight_plan(spec, options), weights, quant_record)  # `calculet plan` lists the same bytes
     if options.chips == 1:  # a partitioned calbin stores each chip's share under chips/<c>/ instead
         with _progress(weights.nbytes, "write weights", "B", unit_scale=True) as bar:
@@ -185,8 +182,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile, source, family)
     else:
         for n, gs in enumerate(signatures):
-            model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes,
-                                  float32_chunks=float32_chunks)
+            model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes)
             if options.probes:  # the manifest lists every output, the probes too
                 signatures[n] = gs = replace(gs, outputs=gs.outputs + G.probe_outputs(model))
             onnx.save_model(model, str(folder / gs.file))

@@ -145,14 +145,12 @@ def add_rope_tables(spec: ModelSpec, context: int, weights: WeightStore) -> dict
 
 def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
                 rope_tables: dict, target: str = "cpu", fusions: frozenset[str] = frozenset(),
-                probes: bool = False, stage: Stage | None = None, float32_chunks: tuple[int, ...] = ()) -> ModelProto:
+                probes: bool = False, stage: Stage | None = None) -> ModelProto:
     """The graph of `gs`. With `probes` (a debug build), bodies also output every module's result
-    as `probe:<HF module name>` [L, S, width], in execution order (see `probe_outputs`). Prefill
-    graphs of `float32_chunks` tokens read the float32 copies of prefill_int8.FLOAT32_PREFILL."""
+    as `probe:<HF module name>` [L, S, width], in execution order (see `probe_outputs`)."""
     g = GraphBuilder(gs.name, weights, target, fusions, probes=probes and gs.type != HEAD)
     if gs.type == PREFILL:   # decode keeps the block kernels: measured no faster with the int8 rows
         g.prefill_shape = (gs.lanes, gs.tokens)
-        g.float32_prefill = gs.tokens in float32_chunks
     for t in gs.inputs:
         g.input(t.name, np.dtype(t.dtype), t.shape)
     if gs.type == HEAD:

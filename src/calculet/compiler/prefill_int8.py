@@ -78,12 +78,6 @@ PROJECTED = {".self_attn.qkv_proj.weight": "input_layernorm",        # in the we
 # (AVX2-only EPYC, 2 threads, 30 alternating calls). So there prefill chunks run FLOAT32_PREFILL
 # from a float32 copy (the same weights as the block codes, and no activation rounding). Decode keeps
 # the block kernels, which are faster for a few rows (memory-bound: a quarter of the bytes).
-# With AMX (Intel Xeon, family 6 model 167, 2026-12-04) the 8-bit block kernel has no AMX path and the
-# prepacked float32 GEMM beats it too (128 rows 1.01 against 1.40 ms, 64 rows 0.55 against 0.75), but
-# only prepacked: every prefill session prepacks its own copy (94 MB for the default model), and
-# unprepacked the float32 GEMM loses. So only the largest chunk, whose session prepacks anyway
-# (runtime/program.py), reads the copy there: a 201-token prefill 0.93x, 1,000 tokens 0.94x, +83 MB RSS.
-# AVX-512 VNNI without AMX keeps the block kernel (not measured).
 FLOAT32_PREFILL = (".mlp.down_proj.weight",)
 
 
@@ -107,21 +101,9 @@ def projections(spec: ModelSpec, store) -> list[Projection]:
     return out
 
 
-def float32_prefill(cpu: CpuFeatures) -> str:
-    """Which prefill chunks on `cpu` run FLOAT32_PREFILL from float32 copies: "all" (x86 without an int8
-    dot), "largest" (AMX), "" (none: no copies are stored). See FLOAT32_PREFILL."""
-    if not cpu.x86:
-        return ""
-    if cpu.int8_dot is None:
-        return "all"
-    return "largest" if cpu.int8_dot == "amx_int8" else ""
-
-
-def float32_chunks(rule: str, chunks) -> tuple[int, ...]:
-    """The prefill chunk sizes whose graphs read the float32 copies under `rule` (float32_prefill)."""
-    if rule == "all":
-        return tuple(chunks)
-    return (max(chunks),) if rule == "largest" and chunks else ()
+def float32_prefill(cpu: CpuFeatures) -> bool:
+    """Whether prefill chunks on `cpu` run FLOAT32_PREFILL from float32 copies (x86 without an int8 dot)."""
+    return cpu.x86 and cpu.int8_dot is None
 
 
 def float32_weights(spec: ModelSpec, store) -> list[str]:
@@ -244,8 +226,7 @@ def add_float32_copies(spec: ModelSpec, store, record: dict) -> None:
         store.add(f"{weight}.f32", np.ascontiguousarray(w.T))                                     # [in, out]
         record[f"{weight}.f32"] = {"kind": "fp32", "module": record[weight]["module"],
                                    "role": "prefill chunks: float32 GEMM over the block codes' exact values "
-                                           "(faster than the 8-bit block kernel without an int8 dot product, "
-                                           "and with AMX in the largest chunk)"}
+                                           "(faster than the 8-bit block kernel without an int8 dot product)"}
 
 
 def has_weights(store, weight: str) -> bool:

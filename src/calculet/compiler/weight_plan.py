@@ -133,7 +133,7 @@ def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
     tensors += _rope_tables(spec, options.context)
     cpu = detect()   # as compile resolves the pass on this CPU
     if prefill_int8.applicable(options, cpu) is None:
-        tensors += _prefill_int8(tensors, options.prefill_int8_outliers, bool(prefill_int8.float32_prefill(cpu)))
+        tensors += _prefill_int8(tensors, options.prefill_int8_outliers, prefill_int8.float32_prefill(cpu))
     for t in tensors:
         if t.fmt.kind in ("int8", "int4") and t.shape[1] % t.fmt.block:
             raise RequestError("bad_option", f"K={t.shape[1]} is not a multiple of the block size {t.fmt.block}; "
@@ -234,8 +234,8 @@ def _coarse_head(spec: ModelSpec, tensors: list[StoredTensor]) -> list[StoredTen
 def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool) -> list[StoredTensor]:
     """prefill_int8.add_weights: each int8 projection of prefill_int8.PROJECTED gets per-column int8
     codes [in, out] with scales, and its float32 outlier input rows [k', out] (one chip: no split);
-    then, on a CPU without an int8 dot product or with AMX (prefill_int8.float32_prefill),
-    add_float32_copies: each int8 weight of FLOAT32_PREFILL gets a float32 copy [in, out]."""
+    then, on a CPU without an int8 dot product, add_float32_copies: each int8 weight of
+    FLOAT32_PREFILL gets a float32 copy [in, out]."""
     out = []
     for t in tensors:
         if t.fmt.kind == "int8" and t.name.endswith(tuple(PROJECTED)):

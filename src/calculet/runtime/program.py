@@ -8,9 +8,8 @@ session prepacks (measured about 1.6x faster per step on the default model); pre
 not, and read the shared mapping directly (about 1.2x slower per chunk, no extra copy). In a
 quantized calbin MatMulNBits has no fast path without prepacking, so a prefill graph that holds one
 prepacks too. A quantized prefill graph of integer GEMMs and float MatMuls only (the prefill-int8
-pass on a CPU without an int8 dot product; with AMX only the largest chunk is such a graph) prepacks in
-the largest chunk alone, which carries most prompt tokens: there each chunk session held its own
-~190 MB of prepacked copies (the default model
+pass on a CPU without an int8 dot product) prepacks in the largest chunk alone, which carries most
+prompt tokens: there each chunk session held its own ~190 MB of prepacked copies (the default model
 served 1.61 GiB peak through benchmarks/isa_view, 1.42 with this rule), while the smaller chunks
 run about 1.1-1.25x slower from the mapping (a 200-token prompt, 128 + 64 + 16, 1.03x).
 """
