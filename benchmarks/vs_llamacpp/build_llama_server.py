@@ -52,10 +52,10 @@ NO_AMX_OPTIONS = [
 
 
 def has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    try:
-        return " amx_int8" in cpuinfo.read_text()
-    except OSError:
-        return False
+    """Whether the real CPU has AMX (CALCULET_CPU_FEATURES ignored: the crash is the hardware's)."""
+    from calculet.cpu_features import detect
+
+    return detect(environ={}, cpuinfo=cpuinfo).has("amx_int8")
 
 
 def cmake_options(no_amx: bool) -> list[str]:
