@@ -1,4 +1,5 @@
-/* cpuid_view: answer CPUID as an AVX2-only x86 CPU would (no AVX-512, no VNNI, no BF16, no AMX).
+/* cpuid_view: answer CPUID as an AVX2-only x86 CPU would (no AVX-512, no VNNI, no BF16, no AMX), or,
+ * built with -DVIEW_NO_AMX, as the same CPU without AMX only (an AVX-512 VNNI CPU of an older generation).
  *
  * Loaded with LD_PRELOAD into a process whose libraries were prepared by make_view.py: there every
  * CPUID instruction (bytes 0F A2) of the chosen shared objects was rewritten as INT3 + NOP (CC 90).
@@ -9,7 +10,8 @@
  * is: the OS still enables the AVX-512 register state, but code that finds no AVX512F in CPUID does
  * not use it.
  *
- * Build: cc -O2 -shared -fPIC -o cpuid_view.so cpuid_view.c
+ * Build: cc -O2 -shared -fPIC -o cpuid_view.so cpuid_view.c                   (the AVX2-only view)
+ *        cc -O2 -shared -fPIC -DVIEW_NO_AMX -o cpuid_view.so cpuid_view.c     (the no-AMX view)
  * Check: CPUID_VIEW_LOG=1 prints one line per emulated CPUID to stderr.
  */
 #define _GNU_SOURCE
@@ -26,6 +28,14 @@
 
 static int log_calls;
 
+#ifdef VIEW_NO_AMX
+/* Only the AMX family: leaf 7 subleaf 0 EDX AMX_BF16, AMX_TILE, AMX_INT8; subleaf 1 EAX AMX_FP16. */
+static const uint32_t L7_EBX_OFF = 0;
+static const uint32_t L7_ECX_OFF = 0;
+static const uint32_t L7_EDX_OFF = BIT(22) | BIT(24) | BIT(25);
+static const uint32_t L71_EAX_OFF = BIT(21);
+static const uint32_t L71_EDX_OFF = 0;
+#else
 /* Leaf 7 subleaf 0, EBX: AVX512F, DQ, IFMA, PF, ER, CD, BW, VL. */
 static const uint32_t L7_EBX_OFF = BIT(16) | BIT(17) | BIT(21) | BIT(26) | BIT(27) | BIT(28) | BIT(30) | BIT(31);
 /* Leaf 7 subleaf 0, ECX: AVX512_VBMI, AVX512_VBMI2, GFNI, AVX512_VNNI, AVX512_BITALG, AVX512_VPOPCNTDQ. */
@@ -35,6 +45,7 @@ static const uint32_t L7_EDX_OFF = BIT(2) | BIT(3) | BIT(8) | BIT(22) | BIT(23) 
 /* Leaf 7 subleaf 1, EAX: AVX_VNNI, AVX512_BF16, AMX_FP16, AVX_IFMA. EDX: AVX_VNNI_INT8, AVX_NE_CONVERT, AVX10. */
 static const uint32_t L71_EAX_OFF = BIT(4) | BIT(5) | BIT(21) | BIT(23);
 static const uint32_t L71_EDX_OFF = BIT(4) | BIT(5) | BIT(19);
+#endif
 
 static void mask(uint32_t leaf, uint32_t sub, uint32_t r[4])
 {

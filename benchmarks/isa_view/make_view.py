@@ -1,4 +1,5 @@
-"""Prepare an ONNX Runtime that sees this CPU as an AVX2-only one (no AVX-512, no VNNI, no BF16, no AMX).
+"""Prepare an ONNX Runtime that sees this CPU as an AVX2-only one (no AVX-512, no VNNI, no BF16, no AMX),
+or (`--kind no-amx`) as the same CPU without AMX.
 
 Issue 14 asks for figures on both kinds of CPU of this machine class: AVX-512 VNNI, and AVX2 + FMA + F16C
 only. Where only the first kind is at hand, this gives the second kind's kernel choices on the same
@@ -10,6 +11,10 @@ instruction set, which is what decides ONNX Runtime's int8 kernels.
     python benchmarks/isa_view/make_view.py                 # builds ~/.cache/calculet/isa_view/avx2
     . ~/.cache/calculet/isa_view/avx2/env.sh                # LD_PRELOAD, PYTHONPATH, CALCULET_CPU_FEATURES
     python -c "import onnxruntime"                          # now the patched copy, answering as AVX2-only
+    python benchmarks/isa_view/make_view.py --kind no-amx   # ~/.cache/calculet/isa_view/no-amx: AMX hidden only
+
+The no-AMX view is for an Intel CPU with AMX: it shows what the same graphs do on an AVX-512 VNNI CPU of
+the generation before (ONNX Runtime's u8 x s8 GEMM uses AMX tiles where CPUID reports them).
 
 Steps: copy the installed `onnxruntime` package into OUT/site; in each of its shared objects that
 `import onnxruntime` loads, rewrite every CPUID instruction that objdump finds (0F A2) as INT3 + NOP (CC 90); build cpuid_view.c into
@@ -31,8 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_OUT = Path(os.environ.get("CALCULET_CACHE", Path.home() / ".cache" / "calculet")) / "isa_view" / "avx2"
-FEATURES = "avx2,fma,f16c"          # what calculet's own detection should report inside the view
+VIEWS = Path(os.environ.get("CALCULET_CACHE", Path.home() / ".cache" / "calculet")) / "isa_view"
+DEFAULT_OUT = VIEWS / "avx2"
+FEATURES = "avx2,fma,f16c"          # what calculet's own detection should report inside the AVX2-only view
+KINDS = ("avx2", "no-amx")
 CPUID = b"\x0f\xa2"
 TRAP = b"\xcc\x90"                  # INT3, NOP: the handler steps over the NOP
 
@@ -117,16 +124,31 @@ def loaded_objects(package: str, folder: Path) -> list[Path]:
     return sorted({Path(p).resolve() for p in out.split()} & {p.resolve() for p in folder.rglob("*.so*")})
 
 
-def view_environment(out: Path, **extra: str) -> dict[str, str]:
+def view_features(kind: str) -> str:
+    """What calculet's own detection should report inside a view of `kind` (CALCULET_CPU_FEATURES)."""
+    if kind == "avx2":
+        return FEATURES
+    sys.path.insert(0, str(HERE.parents[1] / "src"))
+    from calculet.cpu_features import detect
+
+    real = detect(environ={})
+    if not real.has("amx_int8"):
+        raise SystemExit(f"error: this CPU ({real.label}) has no AMX: the no-AMX view would change nothing")
+    return ",".join(f for f in real.flags if f != "amx_int8")
+
+
+def view_environment(out: Path, features: str = FEATURES, **extra: str) -> dict[str, str]:
     """This process's environment with the view at `out` in use (what env.sh exports), plus `extra`."""
     path = os.pathsep.join(p for p in (str(out / "site"), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, LD_PRELOAD=str(out / "cpuid_view.so"), PYTHONPATH=path, CALCULET_CPU_FEATURES=FEATURES,
+    return dict(os.environ, LD_PRELOAD=str(out / "cpuid_view.so"), PYTHONPATH=path, CALCULET_CPU_FEATURES=features,
                 **extra)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the view goes (default: %(default)s)")
+    parser.add_argument("--kind", choices=KINDS, default="avx2",
+                        help="avx2: no AVX-512, VNNI, BF16 or AMX; no-amx: only AMX hidden (default: %(default)s)")
+    parser.add_argument("--out", type=Path, help=f"where the view goes (default: {VIEWS}/KIND)")
     parser.add_argument("--package", default="onnxruntime", help="the Python package to copy and patch")
     parser.add_argument("--cc", default=os.environ.get("CC", "cc"), help="C compiler for the CPUID handler")
     args = parser.parse_args(argv)
@@ -134,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None:
             raise SystemExit(f"error: {tool} is not on PATH (binutils and a C compiler are needed)")
 
-    out = args.out.expanduser()
+    out = (args.out or VIEWS / args.kind).expanduser()
+    features = view_features(args.kind)
     site = out / "site"
     source = installed_package(args.package)
     target = site / args.package
@@ -152,16 +175,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: no CPUID instruction found in {target}; nothing would change")
 
     shim = out / "cpuid_view.so"
-    subprocess.run([args.cc, "-O2", "-Wall", "-shared", "-fPIC", "-o", str(shim), str(HERE / "cpuid_view.c")], check=True)
+    flags = ["-DVIEW_NO_AMX"] if args.kind == "no-amx" else []
+    subprocess.run([args.cc, "-O2", "-Wall", "-shared", "-fPIC", *flags, "-o", str(shim), str(HERE / "cpuid_view.c")],
+                   check=True)
     env_sh = out / "env.sh"
+    answer = "an AVX2-only CPU" if args.kind == "avx2" else "this CPU without AMX"
     env_sh.write_text(
-        "# source this file: ONNX Runtime then answers CPUID as an AVX2-only CPU (benchmarks/isa_view)\n"
+        f"# source this file: ONNX Runtime then answers CPUID as {answer} (benchmarks/isa_view)\n"
         f"export LD_PRELOAD={shim}${{LD_PRELOAD:+:$LD_PRELOAD}}\n"
         f"export PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}}\n"
-        f"export CALCULET_CPU_FEATURES={FEATURES}\n"
+        f"export CALCULET_CPU_FEATURES={features}\n"
     )
 
-    check = subprocess.run([sys.executable, "-c", CHECK], env=view_environment(out, CPUID_VIEW_LOG="1"),
+    check = subprocess.run([sys.executable, "-c", CHECK], env=view_environment(out, features, CPUID_VIEW_LOG="1"),
                            capture_output=True, text=True)
     answered = [line for line in check.stderr.splitlines() if line.startswith("cpuid_view:")]
     print(check.stdout.strip())

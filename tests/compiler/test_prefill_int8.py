@@ -28,6 +28,7 @@ from calbin_weights import stored_weight
 from decoding import generate_on_calbin
 
 VNNI_FLAGS = "avx2,fma,f16c,avx512f,avx512_vnni"
+AMX_FLAGS = VNNI_FLAGS + ",amx_int8"
 AVX2 = CpuFeatures(("avx2", "fma", "f16c"), "test", "x86_64")
 REAL_INT8_DOT = detect().int8_dot is not None
 needs_int8_dot = pytest.mark.skipif(not REAL_INT8_DOT, reason="numbers need a CPU with VNNI or AMX (u8 x s8 without "
@@ -140,6 +141,40 @@ def test_without_an_int8_dot_prefill_runs_down_proj_from_a_float32_copy(tiny_mod
     assert all(vnni._prepacks(g) for g in vnni.graphs)
 
 
+def test_with_amx_prefill_runs_down_proj_as_the_two_level_int8_gemm(tiny_model_dir, tmp_path, monkeypatch):
+    """With AMX the pass also runs down_proj in prefill chunks, as the two-level int8 GEMM over its
+    per-column int8 codes (no outlier channels, no MatMulNBits left in prefill); decode keeps the blocks;
+    every session prepacks; the plan lists the codes (compile checks what it wrote against the plan); a
+    VNNI build has none of it. Where this CPU has an int8 dot product, the prompt's logits are as close
+    to the fp32 build's as the block kernels' are."""
+    monkeypatch.setenv(ENV, AMX_FLAGS)
+    path = _compile(tiny_model_dir("llama"), tmp_path / "amx.calbin", 32)
+    m = read_manifest(path)
+    layers = m.model.hyperparameters.num_layers
+    for graph in ("prefill_4", "prefill_16"):
+        ops = _ops(path, graph)
+        assert ops["MatMulNBits"] == 0 and ops["MatMulIntegerToFloat"] == 4 * layers, ops
+        assert ops["DequantizeLinear"] == layers, ops          # one residue per down_proj
+    for graph in ("decode_1", "decode_2"):
+        ops = _ops(path, graph)
+        assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 4 * layers, ops
+    name = "model.layers.1.mlp.down_proj.weight"
+    fmt = m.quantization.tensors[f"{name}.rows8"]
+    assert fmt.kind == "int8" and "two-level" in fmt.role
+    names = {t.name for t in m.weights.tensors}
+    assert f"{name}.rows8.weight" in names and f"{name}.outliers.weight" not in names
+    codes, scales = stored_weight(path, f"{name}.qcodes"), stored_weight(path, f"{name}.qscales")
+    exact = ((codes.astype(np.float32) - 128.0) * scales[:, :, None]).reshape(scales.shape[0], -1)   # [out, in]
+    rows8 = stored_weight(path, f"{name}.rows8.weight").astype(np.float32) * stored_weight(path, f"{name}.rows8.scale")
+    assert np.abs(rows8 - exact.T).max() <= 0.5 * stored_weight(path, f"{name}.rows8.scale").max() * (1 + 1e-6)
+    assert all(Program(path)._prepacks(g) for g in Program(path).graphs)
+    monkeypatch.setenv(ENV, VNNI_FLAGS)
+    vnni = _compile(tiny_model_dir("llama"), tmp_path / "vnni.calbin", 32)
+    assert not any(t.name.endswith("down_proj.weight.rows8.weight") for t in read_manifest(vnni).weights.tensors)
+    if REAL_INT8_DOT:
+        _assert_as_close_to_fp32_as_the_blocks(tiny_model_dir("llama"), path, tmp_path)
+
+
 def test_the_pass_stays_off_where_it_cannot_run():
     vnni = CpuFeatures(tuple(VNNI_FLAGS.split(",")), "test", "x86_64")
     assert "portable" in prefill_int8.applicable(CompileOptions(target="portable", weights="int8",
@@ -213,3 +248,45 @@ def test_same_greedy_tokens_as_the_block_kernels(arch, tiny_model_dir, tmp_path)
     off, on = (generate_on_calbin(_compile(tiny_model_dir(arch), tmp_path / f"k{k}.calbin", k), prompt) for k in (0, 32))
     assert on.tokens == off.tokens
     assert np.abs(on.prompt_logits - off.prompt_logits).max() < 0.05 * np.abs(off.prompt_logits).max()
+
+
+@needs_int8_dot
+def test_two_levels_keep_outliers_that_move_from_token_to_token():
+    """down_proj's input has outliers in different channels per token, which fixed float32 channels do not
+    catch: one per-token int8 level then loses the small channels, while the two-level GEMM (the residue
+    quantized again on a 254x finer scale) is within the weights' own int8 rounding of the exact product."""
+    rng = np.random.default_rng(1)
+    k_in, n_out, rows, name = 256, 64, 16, "model.layers.0.mlp.down_proj.weight"
+    w = rng.standard_normal((n_out, k_in)).astype(np.float32) * 0.05
+    x = rng.standard_normal((1, rows, k_in)).astype(np.float32)
+    x[0, np.arange(rows), rng.integers(0, k_in, rows)] *= 500.0          # one outlier per token, anywhere
+    store = _store_with(w, name)
+    prefill_int8.add_two_level_weights(_Spec(1), store, {name: {"module": "mlp"}})
+    int8_values = store.array(f"{name}.rows8.weight").astype(np.float32) * store.array(f"{name}.rows8.scale")  # [in, out]
+    exact = x[0] @ int8_values
+    errors = {}
+    for kind in ("two-level", "one level"):
+        g = GraphBuilder("t", store)
+        g.input("x", np.dtype(np.float32), (1, rows, k_in))
+        if kind == "two-level":
+            y = prefill_int8.linear(g, "x", name, 1, rows, "/t")
+        else:
+            product, scale = prefill_int8.per_row_int8_product(
+                g, g.op("Reshape", ["x", g.const([rows, k_in])], name="/t/Rows"), f"{name}.rows8", rows, "/t")
+            y = g.op("Mul", [product, scale], name="/t/Scaled")
+        g.output(y, "y", np.dtype(np.float32), (1, rows, n_out) if kind == "two-level" else (rows, n_out))
+        model = g.build()
+        for init in model.graph.initializer:   # the test inlines the external weights
+            if init.data_location == onnx.TensorProto.EXTERNAL:
+                init.CopyFrom(onnx.numpy_helper.from_array(store.array(init.name), init.name))
+        out = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        errors[kind] = float(np.abs(out.reshape(rows, n_out) - exact).max() / np.abs(exact).max())
+    assert errors["two-level"] < 1e-3, errors
+    assert errors["one level"] > 20 * errors["two-level"], errors
+
+
+class _Spec:
+    """The one field add_two_level_weights reads of a ModelSpec."""
+
+    def __init__(self, num_layers: int):
+        self.num_layers = num_layers

@@ -35,6 +35,22 @@ float32 GEMM from a float32 copy of its block values (FLOAT32_PREFILL): faster t
 8-bit block kernel, and closer to the reference (on a real AVX2-only EPYC, default model, 8 lanes,
 context 1,024: a 201-token prefill 0.87-0.91x, gate F teacher-forced 0.9479 -> 0.9740, worst max
 logit error 0.81 -> 0.35; docs/NUMERICS.md).
+
+On a CPU with AMX the u8 x s8 GEMM runs on the tile unit, and there down_proj joins the int8 GEMMs in
+prefill chunks in a second formulation (TWO_LEVEL_PREFILL) that needs no calibration: each token's
+input is quantized twice, the second time its rounding residue on a 254x finer scale,
+
+    q1 = u8(x / s1)          s1 = max|x| / 127 per row
+    q2 = u8((x - s1 q1) / s2)  s2 = s1 / 254
+    y  = (s1 (q1 . W8) + s2 (q2 . W8)) * w_scale       one GEMM over the rows [q1; q2]
+
+so the activations keep about 15 bits however far the outliers move (a down_proj input's largest
+element is 100-4,000x its median), and what remains is the per-column int8 weight rounding. Over 512
+tokens of English text in the fp32 reference, per layer: relative output error 0.018 (the weight
+rounding alone 0.018), against 0.016 for the block kernel's per-32 activation blocks and 0.12 for
+one level. A 128-row [2048 -> 640] product: 0.91 against 1.47 ms for the 8-bit block kernel; without
+AMX (benchmarks/isa_view --kind no-amx, the same cores) 1.3-1.6 against 1.45: no gain, so only AMX
+builds use it.
 """
 
 from __future__ import annotations
@@ -79,6 +95,10 @@ PROJECTED = {".self_attn.qkv_proj.weight": "input_layernorm",        # in the we
 # from a float32 copy (the same weights as the block codes, and no activation rounding). Decode keeps
 # the block kernels, which are faster for a few rows (memory-bound: a quarter of the bytes).
 FLOAT32_PREFILL = (".mlp.down_proj.weight",)
+# With AMX: the weights prefill chunks run as the two-level int8 GEMM (module docstring). Their codes are
+# stored as `<weight>.rows8` like PROJECTED's, without outlier channels.
+TWO_LEVEL_PREFILL = (".mlp.down_proj.weight",)
+RESIDUE_STEPS = 254.0   # s2 = s1 / RESIDUE_STEPS: |x - s1 q1| <= s1 / 2, so |q2 - 128| <= 127
 
 
 @dataclass(frozen=True)
@@ -106,9 +126,14 @@ def float32_prefill(cpu: CpuFeatures) -> bool:
     return cpu.x86 and cpu.int8_dot is None
 
 
-def float32_weights(spec: ModelSpec, store) -> list[str]:
-    """The weights of FLOAT32_PREFILL that the store holds as 8-bit blocks, in layer order."""
-    names = (f"model.layers.{i}{suffix}" for i in range(spec.num_layers) for suffix in FLOAT32_PREFILL)
+def two_level_prefill(cpu: CpuFeatures) -> bool:
+    """Whether prefill chunks on `cpu` run TWO_LEVEL_PREFILL as the two-level int8 GEMM (x86 with AMX)."""
+    return cpu.x86 and cpu.has("amx_int8")
+
+
+def float32_weights(spec: ModelSpec, store, suffixes: tuple[str, ...] = FLOAT32_PREFILL) -> list[str]:
+    """The weights of `suffixes` (FLOAT32_PREFILL) that the store holds as 8-bit blocks, in layer order."""
+    names = (f"model.layers.{i}{suffix}" for i in range(spec.num_layers) for suffix in suffixes)
     return [w for w in names if (q := store.quant(w)) is not None and q.bits == 8]
 
 
@@ -193,29 +218,42 @@ def add_weights(store, record: dict, outliers: dict[str, np.ndarray], code_range
     prefill graphs and into the quantization record. W is the block codes' exact value. Where the
     CPU's u8 x s8 GEMM would saturate (`code_range` below 127: CpuFeatures.int8_code_range) the codes
     are stored as uint8 around 128, for the exact u8 x u8 kernel."""
-    unsigned = code_range < FULL_INT8_RANGE
     for weight, ids in outliers.items():
-        info = store.quant(weight)
         w = int8_block_values(store, weight)                                                     # [out, in]
-        inliers = w.copy()
-        inliers[:, ids] = 0.0
-        scale = np.maximum(np.abs(inliers).max(axis=1), 1e-30) / 127.0                          # [out]
-        codes8 = np.clip(np.round(inliers / scale[:, None]), -127, 127).astype(np.int8)
-        stored = (codes8.astype(np.int16) + 128).astype(np.uint8) if unsigned else codes8
-        store.add(f"{weight}.rows8.weight", np.ascontiguousarray(stored.T))                      # [in, out]
-        store.add(f"{weight}.rows8.scale", scale.astype(np.float32))
+        role = (f"{len(ids)} input channels in float32 ({weight}.outliers): "
+                f"{', '.join(str(int(i)) for i in ids)}")
+        _add_rows8(store, record, weight, w, ids, code_range, "per-token int8 GEMM", role)
         store.add(f"{weight}.outliers.weight", np.ascontiguousarray(w[:, ids].T))                # [k, out]
         store.inline[f"{weight}.outliers.ids"] = ids
-        err = float(np.abs(codes8 * scale[:, None] - inliers).max(initial=0.0))
-        module = record[weight]["module"]
-        record[f"{weight}.outliers.weight"] = {"kind": "fp32", "module": module,
+        record[f"{weight}.outliers.weight"] = {"kind": "fp32", "module": record[weight]["module"],
                                                "role": "prefill chunks: the float32 input channels of the int8 GEMM"}
-        record[f"{weight}.rows8"] = {"kind": "int8", "block": info.k, "compute": "int8", "module": module,
-                                     "max_abs_error": err,
-                                     "role": f"prefill chunks: per-token int8 GEMM"
-                                             f"{' (codes stored as uint8 + 128: u8 x u8)' if unsigned else ''}; "
-                                             f"{len(ids)} input channels in float32 "
-                                             f"({weight}.outliers): {', '.join(str(int(i)) for i in ids)}"}
+
+
+def add_two_level_weights(spec: ModelSpec, store, record: dict, code_range: int = FULL_INT8_RANGE) -> None:
+    """Per weight of TWO_LEVEL_PREFILL held as 8-bit blocks: int8 codes per output column [in, out] and
+    their scales, for the two-level GEMM of prefill chunks (decode keeps the blocks)."""
+    for weight in float32_weights(spec, store, TWO_LEVEL_PREFILL):
+        _add_rows8(store, record, weight, int8_block_values(store, weight), np.zeros(0, np.int64), code_range,
+                   "two-level per-token int8 GEMM", "the input quantized twice per token (the second time its residue)")
+
+
+def _add_rows8(store, record: dict, weight: str, w: np.ndarray, ids: np.ndarray, code_range: int, what: str,
+               role: str) -> None:
+    """`<weight>.rows8`: w [out, in] with the input rows `ids` zeroed as int8 per output column [in, out]
+    (uint8 around 128 where `code_range` is below 127) and its scales [out]."""
+    unsigned = code_range < FULL_INT8_RANGE
+    inliers = w.copy()
+    inliers[:, ids] = 0.0
+    scale = np.maximum(np.abs(inliers).max(axis=1), 1e-30) / 127.0                              # [out]
+    codes8 = np.clip(np.round(inliers / scale[:, None]), -127, 127).astype(np.int8)
+    stored = (codes8.astype(np.int16) + 128).astype(np.uint8) if unsigned else codes8
+    store.add(f"{weight}.rows8.weight", np.ascontiguousarray(stored.T))                          # [in, out]
+    store.add(f"{weight}.rows8.scale", scale.astype(np.float32))
+    err = float(np.abs(codes8 * scale[:, None] - inliers).max(initial=0.0))
+    record[f"{weight}.rows8"] = {"kind": "int8", "block": store.quant(weight).k, "compute": "int8",
+                                 "module": record[weight]["module"], "max_abs_error": err,
+                                 "role": f"prefill chunks: {what}"
+                                         f"{' (codes stored as uint8 + 128: u8 x u8)' if unsigned else ''}; {role}"}
 
 
 def add_float32_copies(spec: ModelSpec, store, record: dict) -> None:
@@ -237,6 +275,30 @@ def has_float32_copy(store, weight: str) -> bool:
     return f"{weight}.f32" in store
 
 
+def row_scales(g: GraphBuilder, x: str, rows_n: int, scope: str) -> tuple[str, str]:
+    """x [R, H] -> (s [R, 1], s as [R]): s = max|x| / 127 per row (at least 1e-30 / 127)."""
+    peak = g.op("ReduceMax", [g.op("Abs", [x], name=f"{scope}/Abs"), g.const([1])], name=f"{scope}/RowMax",
+                keepdims=1)                                                                        # [R, 1]
+    scale = g.op("Div", [g.op("Max", [peak, g.const(1e-30, np.float32)], name=f"{scope}/Floor"),
+                         g.const(127.0, np.float32)], name=f"{scope}/RowScale")                    # [R, 1]
+    return scale, g.op("Reshape", [scale, g.const([rows_n])], name=f"{scope}/Scales")
+
+
+def row_codes(g: GraphBuilder, x: str, flat_scale: str, rows_n: int, name: str) -> str:
+    """x [R, H] as uint8 codes around 128 on one scale per row (flat_scale [R])."""
+    return g.op("QuantizeLinear", [x, flat_scale, g.const(np.full(rows_n, 128), np.uint8)], name=name, axis=0)
+
+
+def int8_product(g: GraphBuilder, codes: str, weight: str, scope: str) -> str:
+    """codes [R, H] (uint8 around 128) . `<weight>.weight` [H, V] (int8 per column, or uint8 around 128) in
+    float32, times the column scales: [R, V], still to be multiplied by the row scales."""
+    inputs = [codes, g.weight(f"{weight}.weight"), g.const(1.0, np.float32), g.weight(f"{weight}.scale"),
+              g.const(128, np.uint8)]
+    if g.weights.array(f"{weight}.weight").dtype == np.uint8:   # _add_rows8's u8 codes around 128
+        inputs.append(g.const(128, np.uint8))
+    return g.op("MatMulIntegerToFloat", inputs, name=f"{scope}/MatMulIntegerToFloat", domain=MS_DOMAIN)
+
+
 def per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scope: str) -> tuple[str, str]:
     """x [R, H] . W [H, V] with x quantized per row (symmetric, uint8 around 128) and W int8 per column,
     as (product [R, V], row scales [R, 1]): the product times the row scales is x . W.
@@ -244,23 +306,38 @@ def per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scop
     Every row gets its own scale, so a row's result never depends on the other rows of the batch
     (DynamicQuantizeMatMul's one scale per tensor let one lane's outlier activations coarsen its
     neighbours' candidates: the 8-row head then missed tokens the 1-row head found)."""
-    peak = g.op("ReduceMax", [g.op("Abs", [x], name=f"{scope}/Abs"), g.const([1])], name=f"{scope}/RowMax",
-                keepdims=1)                                                                        # [R, 1]
-    scale = g.op("Div", [g.op("Max", [peak, g.const(1e-30, np.float32)], name=f"{scope}/Floor"),
-                         g.const(127.0, np.float32)], name=f"{scope}/RowScale")                    # [R, 1]
-    codes = g.op("QuantizeLinear", [x, g.op("Reshape", [scale, g.const([rows_n])], name=f"{scope}/Scales"),
-                                    g.const(np.full(rows_n, 128), np.uint8)], name=f"{scope}/QuantizeRows", axis=0)
-    inputs = [codes, g.weight(f"{weight}.weight"), g.const(1.0, np.float32), g.weight(f"{weight}.scale"),
-              g.const(128, np.uint8)]
-    if g.weights.array(f"{weight}.weight").dtype == np.uint8:   # add_weights' u8 codes around 128
-        inputs.append(g.const(128, np.uint8))
-    product = g.op("MatMulIntegerToFloat", inputs,
-                   name=f"{scope}/MatMulIntegerToFloat", domain=MS_DOMAIN)                         # [R, V]
-    return product, scale
+    scale, flat = row_scales(g, x, rows_n, scope)
+    codes = row_codes(g, x, flat, rows_n, f"{scope}/QuantizeRows")
+    return int8_product(g, codes, weight, scope), scale
+
+
+def two_level_linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope: str) -> str:
+    """x [L, S, in] -> [L, S, out] through the two-level int8 GEMM (module docstring): each row quantized,
+    then its residue on a RESIDUE_STEPS times finer scale, both through one GEMM of 2R rows."""
+    info = g.weights.quant(weight)
+    rows, s = lanes * tokens, f"{scope}/TwoLevelInt8"
+    flat = g.op("Reshape", [x, g.const([rows, info.k])], name=f"{s}/Rows")                          # [R, in]
+    s1, s1_flat = row_scales(g, flat, rows, s)
+    q1 = row_codes(g, flat, s1_flat, rows, f"{s}/QuantizeRows")
+    back = g.op("DequantizeLinear", [q1, s1_flat, g.const(np.full(rows, 128), np.uint8)], name=f"{s}/Dequantize",
+                axis=0)
+    residue = g.op("Sub", [flat, back], name=f"{s}/Residue")
+    s2 = g.op("Div", [s1, g.const(RESIDUE_STEPS, np.float32)], name=f"{s}/ResidueScale")           # [R, 1]
+    s2_flat = g.op("Reshape", [s2, g.const([rows])], name=f"{s}/ResidueScales")
+    q2 = row_codes(g, residue, s2_flat, rows, f"{s}/QuantizeResidue")
+    both = g.op("Concat", [q1, q2], name=f"{s}/Levels", axis=0)                                    # [2R, in]
+    product = int8_product(g, both, f"{weight}.rows8", s)                                            # [2R, out]
+    scaled = g.op("Mul", [product, g.op("Concat", [s1, s2], name=f"{s}/LevelScales", axis=0)], name=f"{s}/Scaled")
+    first, second = g.op("Split", [scaled, g.const([rows, rows])], name=f"{s}/Split", axis=0, n_out=2)
+    y = g.op("Add", [first, second], name=f"{s}/Sum")                                               # [R, out]
+    return g.op("Reshape", [y, g.const([lanes, tokens, info.n])], name=f"{s}/Unflatten")
 
 
 def linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope: str) -> str:
-    """x [L, S, in] -> [L, S, out] through the per-token int8 GEMM plus the float32 outlier channels."""
+    """x [L, S, in] -> [L, S, out] through the per-token int8 GEMM plus the float32 outlier channels, or,
+    for a weight stored without outlier channels (TWO_LEVEL_PREFILL), the two-level int8 GEMM."""
+    if f"{weight}.outliers.ids" not in g.weights.inline:
+        return two_level_linear(g, x, weight, lanes, tokens, scope)
     info = g.weights.quant(weight)
     ids = g.weights.inline[f"{weight}.outliers.ids"]
     mask = np.ones(info.k, np.float32)

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from calculet.compiler.isa_policy import concrete_policy   # `auto`: the policy compile picks on this CPU
 from calculet.compiler import prefill_int8
-from calculet.compiler.prefill_int8 import FLOAT32_PREFILL, PROJECTED, outlier_count
+from calculet.compiler.prefill_int8 import FLOAT32_PREFILL, PROJECTED, TWO_LEVEL_PREFILL, outlier_count
 from calculet.cpu_features import detect
 from calculet.compiler.quantize import COARSE_BLOCKS, FP32, QuantFormat, policy_table
 from calculet.compiler.weights import ALIGN
@@ -133,7 +133,8 @@ def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
     tensors += _rope_tables(spec, options.context)
     cpu = detect()   # as compile resolves the pass on this CPU
     if prefill_int8.applicable(options, cpu) is None:
-        tensors += _prefill_int8(tensors, options.prefill_int8_outliers, prefill_int8.float32_prefill(cpu))
+        tensors += _prefill_int8(tensors, options.prefill_int8_outliers, prefill_int8.float32_prefill(cpu),
+                                 prefill_int8.two_level_prefill(cpu))
     for t in tensors:
         if t.fmt.kind in ("int8", "int4") and t.shape[1] % t.fmt.block:
             raise RequestError("bad_option", f"K={t.shape[1]} is not a multiple of the block size {t.fmt.block}; "
@@ -231,11 +232,13 @@ def _coarse_head(spec: ModelSpec, tensors: list[StoredTensor]) -> list[StoredTen
             StoredTensor("lm_head.coarse8", "lm_head", (v, h), QuantFormat("int8", h, "int8"), COPY, rows)]
 
 
-def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool) -> list[StoredTensor]:
+def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool,
+                  two_level: bool = False) -> list[StoredTensor]:
     """prefill_int8.add_weights: each int8 projection of prefill_int8.PROJECTED gets per-column int8
     codes [in, out] with scales, and its float32 outlier input rows [k', out] (one chip: no split);
     then, on a CPU without an int8 dot product, add_float32_copies: each int8 weight of
-    FLOAT32_PREFILL gets a float32 copy [in, out]."""
+    FLOAT32_PREFILL gets a float32 copy [in, out]; on a CPU with AMX, add_two_level_weights: each
+    int8 weight of TWO_LEVEL_PREFILL gets per-column int8 codes [in, out] with scales."""
     out = []
     for t in tensors:
         if t.fmt.kind == "int8" and t.name.endswith(tuple(PROJECTED)):
@@ -245,6 +248,9 @@ def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool) ->
     if float32_prefill:
         out += [StoredTensor(f"{t.name}.f32", t.module, t.shape, FP32, COPY) for t in tensors
                 if t.fmt.kind == "int8" and t.name.endswith(FLOAT32_PREFILL)]
+    if two_level:
+        out += [StoredTensor(f"{t.name}.rows8", t.module, t.shape, QuantFormat("int8", t.shape[1], "int8"), COPY)
+                for t in tensors if t.fmt.kind == "int8" and t.name.endswith(TWO_LEVEL_PREFILL)]
     return out
 
 

@@ -7,11 +7,15 @@ which costs one extra copy per session. Decode is memory-bound and repeats every
 session prepacks (measured about 1.6x faster per step on the default model); prefill sessions do
 not, and read the shared mapping directly (about 1.2x slower per chunk, no extra copy). In a
 quantized calbin MatMulNBits has no fast path without prepacking, so a prefill graph that holds one
-prepacks too. A quantized prefill graph of integer GEMMs and float MatMuls only (the prefill-int8
-pass on a CPU without an int8 dot product) prepacks in the largest chunk alone, which carries most
-prompt tokens: there each chunk session held its own ~190 MB of prepacked copies (the default model
-served 1.61 GiB peak through benchmarks/isa_view, 1.42 with this rule), while the smaller chunks
-run about 1.1-1.25x slower from the mapping (a 200-token prompt, 128 + 64 + 16, 1.03x).
+prepacks too. A quantized prefill graph with float32 copies of 8-bit weights (the prefill-int8 pass
+on a CPU without an int8 dot product: u8 x u8 GEMMs and down_proj as a float32 MatMul) prepacks in the
+largest chunk alone, which carries most prompt tokens: there each chunk session held its own ~190 MB
+of prepacked copies (the default model served 1.61 GiB peak through benchmarks/isa_view, 1.42 with
+this rule), while the smaller chunks run about 1.1-1.25x slower from the mapping (a 200-token prompt,
+128 + 64 + 16, 1.03x). Integer GEMMs alone prepack in every chunk: unpacked, the AMX build's 16-token
+chunk (down_proj as the two-level int8 GEMM, no MatMulNBits left) took 36.5 instead of 23.5 ms, its
+gate/up GEMMs 0.83 instead of 0.17 ms each, for the same ~100 MB per session the block kernels'
+prepacking costs.
 """
 
 from __future__ import annotations
@@ -75,12 +79,13 @@ class DeviceConfig:
             raise ModelError("bad_option", f"spinning must be one of {', '.join(SPINNING)}, got {self.spinning!r}")
 
 
-def graph_op_types(path: Path) -> set[str]:
-    """The operator types of an ONNX graph file (its external weights are not read)."""
+def reads_float32_copies(path: Path) -> bool:
+    """Whether an ONNX graph file reads float32 copies of 8-bit weights (compiler/prefill_int8.py's
+    `<weight>.f32`, fed as initializers by name)."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    return {n.op_type for n in model.graph.node}
+    return any(name.endswith(".f32") for n in model.graph.node for name in n.input)
 
 
 class Program:
@@ -212,7 +217,7 @@ class Program:
         if not self.quantized:
             return False
         largest = max(x.tokens for x in self.graphs if x.type == PREFILL)
-        return g.tokens == largest or "MatMulNBits" in graph_op_types(self.path / g.file)
+        return g.tokens == largest or not reads_float32_copies(self.path / g.file)
 
     def open_sessions(self, config: DeviceConfig) -> None:
         import onnxruntime as ort
