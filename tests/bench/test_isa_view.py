@@ -128,3 +128,30 @@ def test_avx2_build_decodes_the_same_on_avx2_kernels(view, tiny_model_dir, tmp_p
     assert "prefill-int8" in read_manifest(out).passes
     got = _in_view(view, GREEDY, str(out), str(ROOT / "tests"))
     assert got["tokens"] == list(generate_on_calbin(out, list(range(3, 40)), 8).tokens)
+
+
+
+@pytest.mark.skipif(not detect().has("amx_int8"), reason="the no-AMX view needs a CPU with AMX")
+def test_no_amx_view_hides_amx_alone(tmp_path):
+    """`--kind no-amx`: ONNX Runtime's CPUID answers (the shim's log of leaf 7) lose AMX_TILE and AMX_INT8
+    and keep AVX512F and AVX512_VNNI, and calculet's own detection names the same features less amx_int8."""
+    out = tmp_path / "no-amx"
+    assert make_view.main(["--kind", "no-amx", "--out", str(out)]) == 0
+    features = make_view.view_features("no-amx").split(",")
+    assert "amx_int8" not in features and "avx512_vnni" in features
+    assert f"CALCULET_CPU_FEATURES={','.join(features)}" in (out / "env.sh").read_text()
+    done = subprocess.run([sys.executable, "-c", make_view.CHECK], capture_output=True, text=True, timeout=300,
+                          env=make_view.view_environment(out, ",".join(features), CPUID_VIEW_LOG="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    leaf7 = [line.split("->")[1].split() for line in done.stderr.splitlines() if "leaf 0x7.0 ->" in line]
+    assert leaf7, done.stderr[-3000:]
+    for eax, ebx, ecx, edx in ([int(r, 16) for r in regs] for regs in leaf7):
+        assert not edx & (1 << 24 | 1 << 25)           # AMX_TILE, AMX_INT8 hidden
+        assert ebx & (1 << 16) and ecx & (1 << 11)      # AVX512F, AVX512_VNNI kept
+
+
+def test_no_amx_view_refuses_a_cpu_without_amx(monkeypatch):
+    if detect(environ={}).has("amx_int8"):
+        pytest.skip("this CPU has AMX")
+    with pytest.raises(SystemExit, match="no AMX"):
+        make_view.view_features("no-amx")
