@@ -128,7 +128,6 @@ def view_features(kind: str) -> str:
     """What calculet's own detection should report inside a view of `kind` (CALCULET_CPU_FEATURES)."""
     if kind == "avx2":
         return FEATURES
-    sys.path.insert(0, str(HERE.parents[1] / "src"))
     from calculet.cpu_features import detect
 
     real = detect(environ={})

@@ -209,6 +209,15 @@ def _store_with(w: np.ndarray, name: str) -> WeightStore:
     return store
 
 
+def _run(g: GraphBuilder, store: WeightStore, x: np.ndarray) -> np.ndarray:
+    """g's one output for the input x, its external weights inlined from `store`."""
+    model = g.build()
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            init.CopyFrom(onnx.numpy_helper.from_array(store.array(init.name), init.name))
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
 @needs_int8_dot
 def test_outlier_channels_keep_the_product_close_where_per_token_scales_alone_do_not():
     """x with a few huge channels (Gemma's residual stream): per-token int8 alone loses the small ones;
@@ -230,12 +239,7 @@ def test_outlier_channels_keep_the_product_close_where_per_token_scales_alone_do
         g = GraphBuilder("t", store)
         g.input("x", np.dtype(np.float32), (1, rows, k_in))
         g.output(prefill_int8.linear(g, "x", name, 1, rows, "/t"), "y", np.dtype(np.float32), (1, rows, n_out))
-        model = g.build()
-        for init in model.graph.initializer:   # the test inlines the external weights
-            if init.data_location == onnx.TensorProto.EXTERNAL:
-                arr = store.array(init.name)
-                init.CopyFrom(onnx.numpy_helper.from_array(arr, init.name))
-        y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        y = _run(g, store, x)
         errors[k] = float(np.abs(y - x @ exact.T).max() / np.abs(x @ exact.T).max())
     assert errors[3] < 0.01, errors
     assert errors[0] > 5 * errors[3], errors
@@ -275,11 +279,7 @@ def test_two_levels_keep_outliers_that_move_from_token_to_token():
                 g, g.op("Reshape", ["x", g.const([rows, k_in])], name="/t/Rows"), f"{name}.rows8", rows, "/t")
             y = g.op("Mul", [product, scale], name="/t/Scaled")
         g.output(y, "y", np.dtype(np.float32), (1, rows, n_out) if kind == "two-level" else (rows, n_out))
-        model = g.build()
-        for init in model.graph.initializer:   # the test inlines the external weights
-            if init.data_location == onnx.TensorProto.EXTERNAL:
-                init.CopyFrom(onnx.numpy_helper.from_array(store.array(init.name), init.name))
-        out = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        out = _run(g, store, x)
         errors[kind] = float(np.abs(out.reshape(rows, n_out) - exact).max() / np.abs(exact).max())
     assert errors["two-level"] < 1e-3, errors
     assert errors["one level"] > 20 * errors["two-level"], errors

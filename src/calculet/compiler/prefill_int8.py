@@ -131,8 +131,9 @@ def two_level_prefill(cpu: CpuFeatures) -> bool:
     return cpu.x86 and cpu.has("amx_int8")
 
 
-def float32_weights(spec: ModelSpec, store, suffixes: tuple[str, ...] = FLOAT32_PREFILL) -> list[str]:
-    """The weights of `suffixes` (FLOAT32_PREFILL) that the store holds as 8-bit blocks, in layer order."""
+def block8_weights(spec: ModelSpec, store, suffixes: tuple[str, ...]) -> list[str]:
+    """The weights of `suffixes` (FLOAT32_PREFILL, TWO_LEVEL_PREFILL) that the store holds as 8-bit
+    blocks, in layer order."""
     names = (f"model.layers.{i}{suffix}" for i in range(spec.num_layers) for suffix in suffixes)
     return [w for w in names if (q := store.quant(w)) is not None and q.bits == 8]
 
@@ -232,7 +233,7 @@ def add_weights(store, record: dict, outliers: dict[str, np.ndarray], code_range
 def add_two_level_weights(spec: ModelSpec, store, record: dict, code_range: int = FULL_INT8_RANGE) -> None:
     """Per weight of TWO_LEVEL_PREFILL held as 8-bit blocks: int8 codes per output column [in, out] and
     their scales, for the two-level GEMM of prefill chunks (decode keeps the blocks)."""
-    for weight in float32_weights(spec, store, TWO_LEVEL_PREFILL):
+    for weight in block8_weights(spec, store, TWO_LEVEL_PREFILL):
         _add_rows8(store, record, weight, int8_block_values(store, weight), np.zeros(0, np.int64), code_range,
                    "two-level per-token int8 GEMM", "the input quantized twice per token (the second time its residue)")
 
@@ -257,9 +258,9 @@ def _add_rows8(store, record: dict, weight: str, w: np.ndarray, ids: np.ndarray,
 
 
 def add_float32_copies(spec: ModelSpec, store, record: dict) -> None:
-    """Per weight of float32_weights: `<weight>.f32` [in, out], the block codes' exact values in float32,
+    """Per 8-bit weight of FLOAT32_PREFILL: `<weight>.f32` [in, out], the block codes' exact values in float32,
     for prefill chunks (decode keeps the blocks)."""
-    for weight in float32_weights(spec, store):
+    for weight in block8_weights(spec, store, FLOAT32_PREFILL):
         w = int8_block_values(store, weight)                                                     # [out, in]
         store.add(f"{weight}.f32", np.ascontiguousarray(w.T))                                     # [in, out]
         record[f"{weight}.f32"] = {"kind": "fp32", "module": record[weight]["module"],

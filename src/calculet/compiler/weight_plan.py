@@ -233,7 +233,7 @@ def _coarse_head(spec: ModelSpec, tensors: list[StoredTensor]) -> list[StoredTen
 
 
 def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool,
-                  two_level: bool = False) -> list[StoredTensor]:
+                  two_level: bool) -> list[StoredTensor]:
     """prefill_int8.add_weights: each int8 projection of prefill_int8.PROJECTED gets per-column int8
     codes [in, out] with scales, and its float32 outlier input rows [k', out] (one chip: no split);
     then, on a CPU without an int8 dot product, add_float32_copies: each int8 weight of
