@@ -25,7 +25,7 @@ class GraphBuilder:
         self.probing = probes  # debug build: module outputs become extra graph outputs (see probe())
         self.probes: list[tuple[str, str, int, int | None]] = []  # (module, value, width, positions)
         self.probe_positions: int | None = None  # tokens per lane from here on when not the graph's S
-        self.int8_rows_shape: tuple[int, int] | None = None  # (lanes, tokens) of a graph whose projections run prefill_int8's int8 rows
+        self.prefill_shape: tuple[int, int] | None = None  # (lanes, tokens) of a prefill graph (prefill_int8)
         self._nodes = []
         self._inputs = []
         self._outputs = []

@@ -29,7 +29,7 @@ from onnx import ModelProto
 from calculet.calbin.graphspec import DECODE, HEAD, PREFILL, PROBE_PREFIX, GraphSpec, TensorSpec, kv_names
 from calculet.compiler import attention_portable, attention_ring, decoder, layers
 from calculet.compiler.builder import GraphBuilder
-from calculet.compiler.prefill_int8 import int8_rows_decode, per_row_int8_product
+from calculet.compiler.prefill_int8 import per_row_int8_product
 from calculet.compiler.topk import top_k
 from calculet.compiler.weights import WeightStore
 from calculet.models.base import ModelSpec, lm_head_name
@@ -149,8 +149,8 @@ def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
     """The graph of `gs`. With `probes` (a debug build), bodies also output every module's result
     as `probe:<HF module name>` [L, S, width], in execution order (see `probe_outputs`)."""
     g = GraphBuilder(gs.name, weights, target, fusions, probes=probes and gs.type != HEAD)
-    if gs.type == PREFILL or (gs.type == DECODE and int8_rows_decode(weights)):
-        g.int8_rows_shape = (gs.lanes, gs.tokens)   # prefill_int8: the per-token int8 GEMMs
+    if gs.type == PREFILL:   # decode keeps the block kernels: measured no faster with the int8 rows
+        g.prefill_shape = (gs.lanes, gs.tokens)
     for t in gs.inputs:
         g.input(t.name, np.dtype(t.dtype), t.shape)
     if gs.type == HEAD:

@@ -131,23 +131,6 @@ def two_level_prefill(cpu: CpuFeatures) -> bool:
     return cpu.x86 and cpu.has("amx_int8")
 
 
-def int8_rows_decode(store) -> bool:
-    """Whether decode graphs run the projections through the int8 rows as well (prefill chunks always
-    do): where ONNX Runtime's u8 x s8 GEMM runs on AMX tiles, i.e. a build whose store holds the
-    two-level down_proj codes (two_level_prefill). There a decode step's few rows are 2-5x faster
-    through it than through the 8-bit block kernel (MatMulNBits, int8 compute), whose M > 1 path
-    does not use the tiles: per layer of the default model at 8 rows 0.35 against 0.98 ms (module
-    docstring). Elsewhere decode keeps the block kernels (on an AVX-512 VNNI CPU not faster)."""
-    return any(e.name.endswith(TWO_LEVEL_PREFILL[0] + ".rows8.weight") for e in store.entries)
-
-
-def int8_rows_decode_for(calbin) -> bool:
-    """Whether a built calbin's decode graphs run the int8 rows (int8_rows_decode at its compile)."""
-    from calculet.calbin.manifest import read_manifest
-
-    return any(t.name.endswith(TWO_LEVEL_PREFILL[0] + ".rows8.weight") for t in read_manifest(calbin).weights.tensors)
-
-
 def block8_weights(spec: ModelSpec, store, suffixes: tuple[str, ...]) -> list[str]:
     """The weights of `suffixes` (FLOAT32_PREFILL, TWO_LEVEL_PREFILL) that the store holds as 8-bit
     blocks, in layer order."""
