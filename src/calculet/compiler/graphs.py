@@ -149,7 +149,9 @@ def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
     """The graph of `gs`. With `probes` (a debug build), bodies also output every module's result
     as `probe:<HF module name>` [L, S, width], in execution order (see `probe_outputs`)."""
     g = GraphBuilder(gs.name, weights, target, fusions, probes=probes and gs.type != HEAD)
-    if gs.type == PREFILL:   # decode keeps the block kernels: measured no faster with the int8 rows
+    # Decode keeps the block kernels: with AMX the int8 rows were 0.91x at 8 lanes but 1.11x at one
+    # (benchmarks/RESULTS.md, 2026-12-05), and decode_1 and decode_n must share one formulation.
+    if gs.type == PREFILL:
         g.prefill_shape = (gs.lanes, gs.tokens)
     for t in gs.inputs:
         g.input(t.name, np.dtype(t.dtype), t.shape)
