@@ -21,10 +21,9 @@ import time
 
 import numpy as np
 
-ROWS8 = 0   # not MatMulNBits: the prefill-int8 pass's per-token int8 GEMM (see rows8_session)
 VARIANTS = (("8-bit, int8 compute (default)", 8, 4), ("4-bit, int8 compute (w4a8)", 4, 4),
-            ("4-bit, fp32 compute (int4)", 4, 1), ("8-bit, fp32 compute (int8)", 8, 1),
-            ("int8 rows (prefill-int8)", ROWS8, 0))
+            ("4-bit, fp32 compute (int4)", 4, 1), ("8-bit, fp32 compute (int8)", 8, 1))
+ROWS8 = "int8 rows (prefill-int8)"   # the last column: rows8_session
 
 
 def session(bits: int, accuracy_level: int, n: int, k: int, block: int, threads: int):
@@ -45,34 +44,30 @@ def session(bits: int, accuracy_level: int, n: int, k: int, block: int, threads:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def rows8_session(n: int, k: int, threads: int):
-    """The prefill-int8 pass's GEMM as its graphs run it (compiler/prefill_int8.py, without outlier
-    channels): each row of A quantized to uint8 on its own scale, u8 x s8 `MatMulIntegerToFloat` over
-    int8 codes per output column, times the row scales. The per-row quantize is part of the time."""
+def rows8_session(n: int, k: int, rows: int, threads: int):
+    """The prefill-int8 pass's GEMM built by the pass itself (prefill_int8.per_row_int8_product, then the
+    row scales' Mul; no outlier channels): each row of A quantized to uint8 on its own scale, u8 x s8
+    `MatMulIntegerToFloat` over int8 codes per output column. Its graph has a static row count, so one
+    session per row count; the per-row quantize is part of the time."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, numpy_helper
+
+    from calculet.compiler.builder import GraphBuilder
+    from calculet.compiler.prefill_int8 import per_row_int8_product
+    from calculet.compiler.weights import WeightStore
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.integers(-127, 128, size=(k, n), dtype=np.int8), "W"),
-             numpy_helper.from_array((rng.random(n, dtype=np.float32) * 0.01).astype(np.float32), "w_scale"),
-             numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
-             numpy_helper.from_array(np.array(127.0, np.float32), "q127"),
-             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
-             numpy_helper.from_array(np.array(128, np.uint8), "zero")]
-    nodes = [helper.make_node("Abs", ["A"], ["abs"]),
-             helper.make_node("ReduceMax", ["abs"], ["peak"], axes=[1], keepdims=1),
-             helper.make_node("Div", ["peak", "q127"], ["s"]),
-             helper.make_node("Reshape", ["s", "minus1"], ["s_flat"]),
-             helper.make_node("Shape", ["A"], ["shape"]),
-             helper.make_node("Gather", ["shape", "zero_index"], ["rows"], axis=0),
-             helper.make_node("Expand", ["zero", "rows"], ["zeros"]),
-             helper.make_node("QuantizeLinear", ["A", "s_flat", "zeros"], ["q"], axis=0),
-             helper.make_node("MatMulIntegerToFloat", ["q", "W", "one", "w_scale", "zero"], ["p"], domain="com.microsoft"),
-             helper.make_node("Mul", ["p", "s"], ["Y"])]
-    inits.append(numpy_helper.from_array(np.array([0], np.int64), "zero_index"))
-    graph = helper.make_graph(nodes, "rows8", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    store = WeightStore()
+    store.add("w.weight", rng.integers(-127, 128, size=(k, n), dtype=np.int8))                   # [in, out]
+    store.add("w.scale", (rng.random(n, dtype=np.float32) * 0.01).astype(np.float32))
+    g = GraphBuilder("rows8", store)
+    g.input("A", np.dtype(np.float32), (rows, k))
+    product, scale = per_row_int8_product(g, "A", "w", rows, "/rows8")
+    g.output(g.op("Mul", [product, scale], name="/rows8/Scaled"), "Y", np.dtype(np.float32), (rows, n))
+    model = g.build()
+    for init in model.graph.initializer:   # the store's weights inline (a calbin keeps them in weights.bin)
+        if init.data_location == TensorProto.EXTERNAL:
+            init.CopyFrom(numpy_helper.from_array(store.array(init.name), init.name))
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -89,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
-    sessions = [rows8_session(args.n, args.k, args.threads) if bits == ROWS8 else
-                session(bits, level, args.n, args.k, args.block, args.threads) for _, bits, level in VARIANTS]
+    blocks = [session(bits, level, args.n, args.k, args.block, args.threads) for _, bits, level in VARIANTS]
     print(f"CPU: {detect().label}; weight [{args.n} x {args.k}], blocks of {args.block}, {args.threads} threads")
-    print("| rows | " + " | ".join(name for name, _, _ in VARIANTS) + " |")
-    print("|---" * (len(VARIANTS) + 1) + "|")
+    print("| rows | " + " | ".join(name for name, _, _ in VARIANTS) + f" | {ROWS8} |")
+    print("|---" * (len(VARIANTS) + 2) + "|")
     for rows in (int(r) for r in args.rows.split(",")):
+        sessions = blocks + [rows8_session(args.n, args.k, rows, args.threads)]
         a = np.random.default_rng(1).random((rows, args.k), dtype=np.float32)
         calls = max(3, 256 // rows)
         times = [[] for _ in sessions]
