@@ -1,6 +1,7 @@
 """MatMulNBits per ISA: 8-bit vs 4-bit blocks, fp32 vs int8 compute, 1 row (decode) vs many (prefill).
 
     python benchmarks/matmulnbits_kernels.py [--n 2048] [--k 640] [--rows 1,8,128] [--threads 2]
+    python benchmarks/matmulnbits_kernels.py --n 262144 --rows 1,8 --int8-compute-only   # the lm_head
 
 One ONNX Runtime MatMulNBits node per variant on the same random weight shape (default: the
 default model's MLP up projection, [2048 x 640], blocks of 32), timed alternately; prints each
@@ -83,11 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="1,8,128")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--int8-compute-only", action="store_true",
+                   help="leave out the fp32-compute variants (they dequantize the whole weight per call: "
+                        "minutes on a [262144 x 640] lm_head)")
     args = p.parse_args(argv)
-    blocks = [session(bits, level, args.n, args.k, args.block, args.threads) for _, bits, level in VARIANTS]
+    variants = [v for v in VARIANTS if v[2] == 4] if args.int8_compute_only else list(VARIANTS)
+    blocks = [session(bits, level, args.n, args.k, args.block, args.threads) for _, bits, level in variants]
     print(f"CPU: {detect().label}; weight [{args.n} x {args.k}], blocks of {args.block}, {args.threads} threads")
-    print("| rows | " + " | ".join(name for name, _, _ in VARIANTS) + f" | {ROWS8} |")
-    print("|---" * (len(VARIANTS) + 2) + "|")
+    print("| rows | " + " | ".join(name for name, _, _ in variants) + f" | {ROWS8} |")
+    print("|---" * (len(variants) + 2) + "|")
     for rows in (int(r) for r in args.rows.split(",")):
         sessions = blocks + [rows8_session(args.n, args.k, rows, args.threads)]
         a = np.random.default_rng(1).random((rows, args.k), dtype=np.float32)
