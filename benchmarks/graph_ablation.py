@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
 
     from calculet.calbin.first_chunk import first_chunk_feeds
+    from calculet.calbin.graphspec import PAST_PREFIX, PRESENT_PREFIX
     from calculet.calbin.manifest import read_manifest
     from calculet.cpu_features import detect
     from calculet.runtime.program import session_spinning
@@ -124,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in values.items():
             b.bind_ortvalue_input(k, v)
         for out in session.get_outputs():
-            if out.name.startswith("present_"):   # in place, as the runtime binds them
-                b.bind_ortvalue_output(out.name, values[out.name.replace("present_", "past_", 1)])
+            if out.name.startswith(PRESENT_PREFIX):   # in place, as the runtime binds them
+                b.bind_ortvalue_output(out.name, values[PAST_PREFIX + out.name.removeprefix(PRESENT_PREFIX)])
             else:
                 b.bind_output(out.name)
         bindings[name] = b
