@@ -6,11 +6,15 @@ tokens/s, in one process, rounds alternating between providers.
     calculet compile -o portable-int8.calbin --target portable --weights int8 --lanes 8 --context 1024 --no-golden
     .venv-openvino/bin/python benchmarks/providers.py portable-int8.calbin --providers cpu,openvino --out providers.md
 
+A provider may carry OpenVINO's inference precision, `openvino@bf16` (its CPU plugin then runs the
+matmuls and attention in bfloat16, on AMX tiles where the CPU has them; `openvino` alone keeps
+calculet's float32 default), so `--providers openvino,openvino@bf16` compares the two.
+
 Per round and provider: `load` = open the calbin and configure it (sessions created; for OpenVINO with
 a fresh, empty `cache_dir`, so the model is compiled for the device), `cached load` = the same again
 with that `cache_dir` now filled (OpenVINO reads its compiled blobs back; the CPU provider has no such
 cache, so its second load only differs by the OS page cache), `prefill` = one lane, a --prompt-tokens
-prompt through the largest prefill chunk, tokens / seconds, `decode N` = N lanes decoding together for
+prompt through the largest prefill chunk (or the calls --chunks names), tokens / seconds, `decode N` = N lanes decoding together for
 --steps steps after --warmup, N x steps / seconds. Reported per metric: each provider's median and
 worst round, and the ratio to the first provider per round (median and worst). The CPU's features
 head the table: the ratio depends on them.
@@ -34,30 +38,59 @@ def cpu_line() -> str:
     return f"{cpu.model or cpu.machine}, {os.cpu_count()} cores: {cpu.label}"
 
 
-def _options(provider: str, cache_dir: str | None) -> tuple[tuple[str, str], ...]:
-    return (("cache_dir", cache_dir),) if provider == "openvino" and cache_dir else ()
+PRECISIONS = ("f32", "bf16")
 
 
-def _open(path: Path, provider: str, cache_dir: str | None, threads: int):
+def _options(spec: str, cache_dir: str | None) -> tuple[tuple[str, str], ...]:
+    """Provider options for `spec` (`cpu`, `openvino`, `openvino@bf16`): the cache folder and, for
+    `@PRECISION`, OpenVINO's CPU inference precision beside calculet's default load_config."""
+    import json
+
+    from calculet.runtime.providers import OPENVINO_CPU_LOAD_CONFIG
+
+    provider, _, precision = spec.partition("@")
+    if precision and (provider != "openvino" or precision not in PRECISIONS):
+        raise SystemExit(f"error: {spec!r}: only openvino takes @PRECISION, one of {', '.join(PRECISIONS)}")
+    out = [("cache_dir", cache_dir)] if provider == "openvino" and cache_dir else []
+    if precision:
+        cpu = {**OPENVINO_CPU_LOAD_CONFIG["CPU"], "INFERENCE_PRECISION_HINT": precision}
+        out.append(("load_config", json.dumps({"CPU": cpu})))
+    return tuple(out)
+
+
+def _open(path: Path, spec: str, cache_dir: str | None, threads: int):
     from calculet.runtime.chips import ChipConfig, open_device
 
     t0 = time.perf_counter()
-    device = open_device(path, (ChipConfig(0, provider, _options(provider, cache_dir), threads),))
+    device = open_device(path, (ChipConfig(0, spec.partition("@")[0], _options(spec, cache_dir), threads),))
     return device, time.perf_counter() - t0
 
 
-def _prefill(device, tokens: int) -> float:
+def prefill_calls(tokens: int, chunks: tuple[int, ...], largest: int) -> list[int]:
+    """Each prefill call's token count: `chunks` in order, the last one repeated (none: `largest`), the
+    final call cut to what is left."""
+    plan, calls, left = list(chunks) or [largest], [], tokens
+    while left > 0:
+        n = min(plan.pop(0) if len(plan) > 1 else plan[0], left)
+        calls.append(n)
+        left -= n
+    return calls
+
+
+def _prefill(device, tokens: int, chunks: tuple[int, ...] = ()) -> float:
+    """One lane's prompt of `tokens` tokens in the calls `prefill_calls` plans; tokens / seconds."""
     from calculet.runtime.jobs import PrefillJob
 
-    chunk = max(device.program.manifest.profile.prefill_chunks)
     vocab = device.program.manifest.spec.vocab_size
     ids = [(7 * i) % (vocab - 10) + 10 for i in range(tokens)]
+    calls = prefill_calls(tokens, chunks, max(device.program.manifest.profile.prefill_chunks))
     lane = device.lanes.allocate()
     try:
         t0 = time.perf_counter()
-        for start in range(0, tokens, chunk):
-            part = ids[start:start + chunk]
-            device.run(PrefillJob(lane, tuple(part), want_logits=start + chunk >= tokens), 600)
+        start = 0
+        for n in calls:
+            device.run(PrefillJob(lane, tuple(ids[start:start + n]), want_logits=start + n >= tokens), 600)
+            start += n
         return tokens / (time.perf_counter() - t0)
     finally:
         device.lanes.free(lane)
@@ -89,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: every core)")
     p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--chunks", default="", help="the prefill calls' token counts, e.g. 128,64,8 (the last one "
+                                                  "repeats; default: the largest compiled chunk)")
     p.add_argument("--streams", default="1,8")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--warmup", type=int, default=4)
@@ -96,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     providers = [s.strip() for s in args.providers.split(",") if s.strip()]
     streams = [int(s) for s in args.streams.split(",")]
+    chunks = tuple(int(c) for c in args.chunks.split(",") if c.strip())
+    for spec in providers:
+        _options(spec, None)   # a bad @PRECISION stops here, before any load
     results: dict[tuple[str, str], list[float]] = {}
 
     def add(provider: str, metric: str, value: float) -> None:
@@ -112,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     add(provider, "load s", cold)
                     add(provider, "cached load s", warm)
-                    _prefill(device, min(args.prompt_tokens, 64))   # first run of each graph: not timed
-                    add(provider, f"prefill tok/s ({args.prompt_tokens} tokens)", _prefill(device, args.prompt_tokens))
+                    _prefill(device, args.prompt_tokens, chunks)   # first run of each graph: not timed
+                    add(provider, f"prefill tok/s ({args.prompt_tokens} tokens)", _prefill(device, args.prompt_tokens, chunks))
                     for n in streams:
                         add(provider, f"decode tok/s ({n} stream{'s' if n > 1 else ''})", _decode(device, n, args.steps, args.warmup))
                 finally:
@@ -138,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"calbin {args.calbin.name} (target {m.target}, weights {m.quantization.policy if m.quantization else '?'}, "
             f"lanes {m.profile.lanes}, context {m.profile.context}); onnxruntime {ort.__version__} "
             f"{ort.get_available_providers()}; CPU {cpu_line()}; {args.rounds} rounds alternating providers; "
+            f"prefill calls: {args.chunks or 'the largest chunk'}; "
             f"times: lower is better, tok/s: higher is better (worst round = least favourable)")
     table = "\n".join([head, "", *rows])
     print(table)
