@@ -35,3 +35,11 @@ def test_served_sessions_spin_within_a_job(tiny_model_dir, tmp_path, monkeypatch
                 for s in sessions} == {"1"}
     finally:
         host.close()
+
+
+def test_hugepages_flag_reaches_the_chips():
+    """`--hugepages collapse|off` (runtime/hugepages.py): collapse by default, off reaches every chip."""
+    assert _config().hugepages == "collapse"
+    config = _config("--hugepages", "off", "--chips", "2")
+    assert {c.device_config().hugepages for c in config.chip_configs()} == {"off"}
+    assert config.device_config().hugepages == "off"

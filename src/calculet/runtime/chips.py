@@ -34,6 +34,7 @@ class ChipConfig:
     intra_op_threads: int = 0                          # 0: ONNX Runtime's default (every core)
     memory_budget_bytes: int = 0                       # 0: no budget
     spinning: str = "run"                              # runtime.program.SPINNING
+    hugepages: str = "collapse"                        # runtime.hugepages.MODES (one setting per process)
 
     def __post_init__(self):
         if not 0 <= self.index < MAX_CHIPS:
@@ -48,7 +49,8 @@ class ChipConfig:
                                            f"got {self.memory_budget_bytes}")
 
     def device_config(self) -> DeviceConfig:
-        return DeviceConfig(self.provider, self.intra_op_threads, self.provider_options, spinning=self.spinning)
+        return DeviceConfig(self.provider, self.intra_op_threads, self.provider_options, spinning=self.spinning,
+                            hugepages=self.hugepages)
 
 
 def split_threads(chips: int, cores: int | None = None) -> int:

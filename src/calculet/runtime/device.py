@@ -23,6 +23,7 @@ any more. Corrupt output (NaN or +inf logits) is a device error, never sampled.
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -35,10 +36,12 @@ from calculet.errors import CalculetError, DeviceError, ModelError, RequestError
 from calculet.runtime.bindings import BodyBinding, HeadBinding  # noqa: F401  (the bindings' types)
 from calculet.runtime.chunking import graph_for
 from calculet.runtime.faults import FaultPlan
+from calculet.runtime.hugepages import collapse as collapse_hugepages
 from calculet.runtime.jobs import STAGING_SLOTS, DecodeJob, JobHandle, JobResult, PhaseTimings, PrefillJob
 from calculet.runtime.lanes import Lanes
 from calculet.runtime.program import DeviceConfig, Program
 
+log = logging.getLogger("calculet.runtime")
 # How long a caller waits for one device job before counting it as failed (engine, `calculet run`,
 # golden checks): generous, since the first job on a large model and a slow CPU can take minutes.
 JOB_TIMEOUT_S = 600.0
@@ -83,6 +86,7 @@ class Device:
         self._fenced: list[_Worker] = []      # stuck workers of ended epochs
         self._local = threading.local()       # .epoch: the epoch of the worker running on this thread
         self.fences = 0                       # how many times a stuck worker was fenced off
+        self.hugepages = None                 # runtime.hugepages.HugePageReport of the last configure (None: off)
         self.healthy = False
 
     # --- set-up --------------------------------------------------------------------------
@@ -99,6 +103,9 @@ class Device:
         if self._worker is None:
             self._start_worker()
         self._warm_up()
+        if self.config.hugepages == "collapse":   # after the warm-up: the arenas' buffers exist by now
+            self.hugepages = collapse_hugepages()
+            log.info("%s", self.hugepages.line())
         self.expert_load = None  # the warm-up's routing is not load
         if self.collectives is not None:
             self.collectives.reset()  # nor are its collectives traffic

@@ -33,6 +33,7 @@ from calculet.calbin.manifest import Manifest, read_manifest, verify_files
 from calculet.cpu_features import detect
 from calculet.errors import DeviceError, ModelError
 from calculet.runtime.heap import trim_heap
+from calculet.runtime.hugepages import MODES as HUGEPAGE_MODES
 from calculet.runtime.kv_store import CudaKV, HostKV
 from calculet.runtime.providers import PROVIDERS, check_active, choose_provider
 
@@ -67,6 +68,7 @@ class DeviceConfig:
     provider_options: tuple[tuple[str, str], ...] = ()  # (key, value) pairs for the provider
     profile_dir: str = ""       # non-empty: every session writes an ONNX Runtime profile there (placement.py)
     spinning: str = "run"       # SPINNING: how the intra-op pool threads wait between kernels
+    hugepages: str = "collapse"  # runtime.hugepages.MODES: the sessions' resident memory onto 2 MiB pages, or off
 
     def __post_init__(self):
         if self.provider not in PROVIDERS:
@@ -77,6 +79,8 @@ class DeviceConfig:
             raise ModelError("bad_option", f"provider_options must be (key, value) string pairs, got {self.provider_options!r}")
         if self.spinning not in SPINNING:
             raise ModelError("bad_option", f"spinning must be one of {', '.join(SPINNING)}, got {self.spinning!r}")
+        if self.hugepages not in HUGEPAGE_MODES:
+            raise ModelError("bad_option", f"hugepages must be one of {', '.join(HUGEPAGE_MODES)}, got {self.hugepages!r}")
 
 
 def reads_float32_copies(path: Path) -> bool:

@@ -27,6 +27,7 @@ class ServerConfig:
     served_model_name: str | None = None
     threads: int = 0
     spinning: str = "run"                  # --ort-spinning: runtime.program.SPINNING
+    hugepages: str = "collapse"            # --hugepages: runtime.hugepages.MODES
     chat_template: str | None = None       # a built-in name (gemma, chatml, qwen, llama3) or a Jinja file
     provider: str = "cpu"                  # runtime.providers.PROVIDERS key
     provider_options: tuple[tuple[str, str], ...] = ()
@@ -89,18 +90,18 @@ class ServerConfig:
                 f"max_queue={self.max_queue}, max_prefill_tokens={self.max_prefill_tokens}, "
                 f"step_token_budget={self.step_token_budget}, burst_prefill_tokens={self.burst_prefill_tokens}, in_flight={self.in_flight}, request_timeout_s={self.request_timeout_s}, "
                 f"served_model_name={self.served_model_name!r}, threads={self.threads}, chat_template={self.chat_template!r}, "
-                f"provider={self.provider!r}, provider_options={self.provider_options!r}, "
+                f"provider={self.provider!r}, provider_options={self.provider_options!r}, hugepages={self.hugepages!r}, "
                 f"max_body_bytes={self.max_body_bytes}, drain_timeout_s={self.drain_timeout_s}, job_timeout_s={self.job_timeout_s}, "
                 f"models={self.models!r}, chips={self.chips}, chip_memory={self.chip_memory}, partition={self.partition!r}, "
                 f"admin_key={'set' if self.admin_key else None}, "
                 f"prefix_cache={self.prefix_cache}, kv_dtype={self.kv_dtype!r})")
 
     def device_config(self):
-        """The runtime's share: provider, its options, threads and spinning (validated by DeviceConfig)."""
+        """The runtime's share: provider, its options, threads, spinning and huge pages (validated by DeviceConfig)."""
         from calculet.runtime.program import DeviceConfig
 
         return DeviceConfig(self.provider, threads=self.threads, provider_options=self.provider_options,
-                            spinning=self.spinning)
+                            spinning=self.spinning, hugepages=self.hugepages)
 
     def chip_configs(self) -> tuple:
         """The server's chips (runtime.chips.ChipConfig), built from the flags: --chips, --threads,
@@ -108,7 +109,7 @@ class ServerConfig:
         from calculet.server.placement import server_chips
 
         return server_chips(self.chips, self.threads, self.chip_memory, self.provider, self.provider_options,
-                            self.spinning)
+                            self.spinning, self.hugepages)
 
     def compile_chips(self, spec) -> int:
         """How many chips a source is compiled for: 1, or with a partition the chips the model names

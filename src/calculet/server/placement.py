@@ -30,14 +30,14 @@ from calculet.runtime.chips import ChipConfig
 
 
 def server_chips(chips: int, threads: int, chip_memory: int | None, provider: str = "cpu",
-                 provider_options: tuple = (), spinning: str = "run") -> tuple[ChipConfig, ...]:
+                 provider_options: tuple = (), spinning: str = "run", hugepages: str = "collapse") -> tuple[ChipConfig, ...]:
     """The server's chips from its flags, built once. One chip and --threads 0 keep ONNX Runtime's
     default (all cores), as a single-model server always had; N chips share the cores evenly
     (runtime.chips.split_threads) unless --threads says how many each gets."""
     from calculet.runtime.chips import split_threads
 
     per_chip = threads if chips == 1 or threads else split_threads(chips, os.cpu_count())
-    return tuple(ChipConfig(i, provider, tuple(provider_options), per_chip, chip_memory or 0, spinning)
+    return tuple(ChipConfig(i, provider, tuple(provider_options), per_chip, chip_memory or 0, spinning, hugepages)
                  for i in range(chips))
 
 
