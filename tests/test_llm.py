@@ -163,3 +163,15 @@ def test_a_two_chip_calbin_reuses_a_warm_lane_like_one_chip(llm, tiny_calbin):
         assert two.generate(ids, params)[0].outputs[0].token_ids == first.outputs[0].token_ids
         hit = two.generate(longer, params)[0]
     assert hit.usage.cached_tokens >= len(ids) and hit.outputs[0].token_ids == want
+
+
+def test_hugepages_option_reaches_the_device(tiny_calbin):
+    """LLM(hugepages="off") keeps 4 KiB pages (no report); an unknown mode fails before anything loads."""
+    from calculet.errors import ModelError
+
+    with pytest.raises(ModelError, match="hugepages must be one of collapse, off"):
+        LLM(tiny_calbin("llama"), hugepages="always")
+    with LLM(tiny_calbin("llama"), hugepages="off") as off:
+        assert off._device.hugepages is None
+    with LLM(tiny_calbin("llama")) as default:
+        assert default._device.hugepages is not None

@@ -42,6 +42,7 @@ class LLMOptions:
     provider: str = "cpu"                      # ONNX Runtime execution provider (runtime.providers.PROVIDERS)
     provider_options: tuple[tuple[str, str], ...] = ()   # (key, value) pairs for the provider
     full_hash: bool = False                    # verify every file's SHA-256 before loading
+    hugepages: str = "collapse"                # the loaded weights onto 2 MiB pages, or "off" (runtime.hugepages)
     lanes: int | None = None                   # compile: lanes (default 8)
     context: int | None = None                 # compile: context (default: the trained context within the memory budget)
     prefill_chunks: tuple[int, ...] | None = None   # compile: chunk sizes (default 16, 64, 128)
@@ -75,7 +76,8 @@ class LLMOptions:
     def device_config(self):
         from calculet.runtime.program import DeviceConfig
 
-        return DeviceConfig(self.provider, threads=self.threads, provider_options=self.provider_options)
+        return DeviceConfig(self.provider, threads=self.threads, provider_options=self.provider_options,
+                            hugepages=self.hugepages)
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_queue=UNBOUNDED_QUEUE if self.max_queue is None else self.max_queue,
