@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from calculet.errors import CalculetError, DeviceError, ModelError, RequestError
+from calculet.server import heap
 from calculet.server.model import LoadedModel, load_model
 from calculet.server.placement import Placement
 
@@ -150,6 +151,7 @@ class ModelHost:
             with self._lock:
                 self._served[model.name] = _Served(model, replace(spec, name=model.name))
             self._watch(model)
+            heap.settle()
             return model
 
     def remove(self, name: str, hurry: threading.Event | None = None) -> float:
@@ -165,6 +167,8 @@ class ModelHost:
             with self._lock:
                 self._served.pop(name, None)
             self.metrics.unwatch(name)
+            del served
+            heap.settle()
             return seconds
 
     def reload(self, name: str, source: str | None = None) -> LoadedModel:
@@ -182,6 +186,8 @@ class ModelHost:
             log.info("model %s: now %s; draining %s", name, new.root, old.model.root)
             old.state = "draining"
             self._drain(old, None)
+            del old
+            heap.settle()
             return new
 
     def _check_free(self, name: str) -> None:

@@ -1,0 +1,70 @@
+"""server/heap.py: after a load or unload the survivors are frozen out of the collector's full
+passes, and an unloaded model is still collected (nothing frozen leaks)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import weakref
+
+import pytest
+
+from calculet.server import heap
+from calculet.server.cli import add_server_arguments, server_config
+from calculet.server.host import ModelHost
+from calculet.server.metrics import ServerMetrics
+
+
+@pytest.fixture(autouse=True)
+def _unfrozen():
+    yield
+    gc.unfreeze()   # leave the test process's collector as it was
+
+
+class _Node:
+    def __init__(self):
+        self.other = self
+
+
+def test_settle_collects_cycles_and_freezes_the_survivors():
+    kept = _Node()
+    lost = weakref.ref(_Node())          # an unreachable cycle: only the collector frees it
+    report = heap.settle()
+    assert lost() is None and report.collected >= 1
+    assert report.frozen == gc.get_freeze_count() > 0
+    assert not any(o is kept for g in range(3) for o in gc.get_objects(generation=g))   # frozen: in no generation
+
+
+def test_a_frozen_cycle_is_collected_by_the_next_settle():
+    node = _Node()
+    ref = weakref.ref(node)
+    heap.settle()                        # node is frozen now
+    del node
+    gc.collect()
+    assert ref() is not None             # a plain collection does not look at frozen objects
+    heap.settle()                        # but settle unfreezes first
+    assert ref() is None
+
+
+def _config(*argv):
+    p = argparse.ArgumentParser()
+    add_server_arguments(p)
+    return server_config(p.parse_args(list(argv)))
+
+
+def test_host_freezes_after_load_and_an_unloaded_model_is_freed(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("CALCULET_CACHE", str(tmp_path / "cache"))
+    host = ModelHost(_config(str(tiny_model_dir("llama"))), ServerMetrics())
+    gc.unfreeze()
+    host.load()
+    try:
+        assert host.state == "ready"
+        assert gc.get_freeze_count() > 0
+        (model,) = host.models()
+        engine, device = weakref.ref(model.engine), weakref.ref(model.device)
+        name = model.name
+        del model
+        host.remove(name)
+        assert engine() is None and device() is None, "the unloaded model's objects stayed alive"
+    finally:
+        host.close()
