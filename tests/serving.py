@@ -125,3 +125,14 @@ def metric_samples(text: str, model: str | None = None) -> dict[str, float]:
 def _key(name: str, labels: dict) -> str:
     text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     return name + (f"{{{text}}}" if text else "")
+
+
+def server_config_from_flags(*argv: str):
+    """The ServerConfig `calculet serve ARGV...` would build, without starting anything."""
+    import argparse
+
+    from calculet.server.cli import add_server_arguments, server_config
+
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    return server_config(parser.parse_args(list(argv)))

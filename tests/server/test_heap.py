@@ -3,16 +3,15 @@ passes, and an unloaded model is still collected (nothing frozen leaks)."""
 
 from __future__ import annotations
 
-import argparse
 import gc
 import weakref
 
 import pytest
 
 from calculet.server import heap
-from calculet.server.cli import add_server_arguments, server_config
 from calculet.server.host import ModelHost
 from calculet.server.metrics import ServerMetrics
+from serving import server_config_from_flags
 
 
 @pytest.fixture(autouse=True)
@@ -46,15 +45,9 @@ def test_a_frozen_cycle_is_collected_by_the_next_settle():
     assert ref() is None
 
 
-def _config(*argv):
-    p = argparse.ArgumentParser()
-    add_server_arguments(p)
-    return server_config(p.parse_args(list(argv)))
-
-
 def test_host_freezes_after_load_and_an_unloaded_model_is_freed(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("CALCULET_CACHE", str(tmp_path / "cache"))
-    host = ModelHost(_config(str(tiny_model_dir("llama"))), ServerMetrics())
+    host = ModelHost(server_config_from_flags(str(tiny_model_dir("llama"))), ServerMetrics())
     gc.unfreeze()
     host.load()
     try:

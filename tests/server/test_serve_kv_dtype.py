@@ -4,23 +4,16 @@ is refused when the model loads, with compile's reason."""
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
-from calculet.server.cli import add_server_arguments, server_config
+
 from calculet.server.host import ModelHost
 from calculet.server.metrics import ServerMetrics
-
-
-def _config(*argv):
-    p = argparse.ArgumentParser()
-    add_server_arguments(p)
-    return server_config(p.parse_args(list(argv)))
+from serving import server_config_from_flags
 
 
 def test_serve_passes_kv_dtype_to_the_compile_of_a_source(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("CALCULET_CACHE", str(tmp_path / "cache"))
-    config = _config(str(tiny_model_dir("llama")), "--kv-dtype", "fp16")
+    config = server_config_from_flags(str(tiny_model_dir("llama")), "--kv-dtype", "fp16")
     assert config.kv_dtype == "fp16"
     host = ModelHost(config, ServerMetrics())
     host.load()
@@ -34,7 +27,7 @@ def test_serve_passes_kv_dtype_to_the_compile_of_a_source(tiny_model_dir, tmp_pa
 
 def test_serve_refuses_a_kv_dtype_the_target_cannot_run(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("CALCULET_CACHE", str(tmp_path / "cache"))
-    host = ModelHost(_config(str(tiny_model_dir("llama")), "--kv-dtype", "bf16"), ServerMetrics())
+    host = ModelHost(server_config_from_flags(str(tiny_model_dir("llama")), "--kv-dtype", "bf16"), ServerMetrics())
     host.load()
     try:
         assert host.state == "failed"

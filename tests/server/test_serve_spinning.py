@@ -3,29 +3,21 @@ ONNX Runtime session the served model opens (runtime.program.SPINNING); `run` is
 
 from __future__ import annotations
 
-import argparse
-
-from calculet.server.cli import add_server_arguments, server_config
 from calculet.server.host import ModelHost
 from calculet.server.metrics import ServerMetrics
-
-
-def _config(*argv):
-    p = argparse.ArgumentParser()
-    add_server_arguments(p)
-    return server_config(p.parse_args(list(argv)))
+from serving import server_config_from_flags
 
 
 def test_default_is_run_and_the_flag_reaches_the_chips():
-    assert _config().spinning == "run"
-    config = _config("--ort-spinning", "off", "--chips", "2")
+    assert server_config_from_flags().spinning == "run"
+    config = server_config_from_flags("--ort-spinning", "off", "--chips", "2")
     assert {c.device_config().spinning for c in config.chip_configs()} == {"off"}
     assert config.device_config().spinning == "off"
 
 
 def test_served_sessions_spin_within_a_job(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("CALCULET_CACHE", str(tmp_path / "cache"))
-    host = ModelHost(_config(str(tiny_model_dir("llama")), "--ort-spinning", "run"), ServerMetrics())
+    host = ModelHost(server_config_from_flags(str(tiny_model_dir("llama")), "--ort-spinning", "run"), ServerMetrics())
     host.load()
     try:
         (model,) = host.models()
@@ -39,7 +31,7 @@ def test_served_sessions_spin_within_a_job(tiny_model_dir, tmp_path, monkeypatch
 
 def test_hugepages_flag_reaches_the_chips():
     """`--hugepages collapse|off` (runtime/hugepages.py): collapse by default, off reaches every chip."""
-    assert _config().hugepages == "collapse"
-    config = _config("--hugepages", "off", "--chips", "2")
+    assert server_config_from_flags().hugepages == "collapse"
+    config = server_config_from_flags("--hugepages", "off", "--chips", "2")
     assert {c.device_config().hugepages for c in config.chip_configs()} == {"off"}
     assert config.device_config().hugepages == "off"
