@@ -3,8 +3,8 @@
 A served model leaves ~100,000 long-lived Python objects behind its load (the engine, the
 tokenizer's tables, the FastAPI app, ONNX Runtime's bindings). CPython's full (generation-2)
 collection walks every one of them while holding the GIL, so each full pass stalls the engine thread
-and with it every decoding stream: measured on the default model under 8 streams, a full pass took
-38 ms over 105,000 objects. After a load (and after an unload or reload) `settle()` collects once and
+and with it every decoding stream: measured on the default model under 8 streams (~99,000 objects
+after its load), a full pass inside the serving window took 36 ms (benchmarks/RESULTS.md, 2026-12-05 (6)). After a load (and after an unload or reload) `settle()` collects once and
 moves what survived into the permanent generation (`gc.freeze()`); later full passes walk only the
 objects made since. Nothing is leaked by it: frozen objects are still freed by reference counting,
 and every settle first unfreezes, so the cycles of a model that was unloaded are collected there.
