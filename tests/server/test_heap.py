@@ -9,8 +9,10 @@ import weakref
 import pytest
 
 from calculet.server import heap
+from calculet.server.config import ServerConfig
 from calculet.server.host import ModelHost
 from calculet.server.metrics import ServerMetrics
+from calculet.server.model_spec import ModelSpec
 from serving import server_config_from_flags
 
 
@@ -59,5 +61,23 @@ def test_host_freezes_after_load_and_an_unloaded_model_is_freed(tiny_model_dir, 
         del model
         host.remove(name)
         assert engine() is None and device() is None, "the unloaded model's objects stayed alive"
+    finally:
+        host.close()
+
+
+def test_start_up_settles_once_after_all_its_models(tiny_calbin, monkeypatch):
+    calls = []
+    real = heap.settle
+    monkeypatch.setattr(heap, "settle", lambda: calls.append(len(host.models())) or real())
+    calbin = str(tiny_calbin("llama"))
+    config = ServerConfig(models=(ModelSpec(calbin, "a"), ModelSpec(calbin, "b"), ModelSpec("/no/such.calbin", "c")))
+    host = ModelHost(config, ServerMetrics())
+    host.load()
+    try:
+        assert host.state == "ready" and [m.name for m in host.models()] == ["a", "b"] and "c" in host.failures
+        assert calls == [2], "start-up settles once, after every model (the failed one included)"
+        assert gc.get_freeze_count() > 0
+        host.remove("b")
+        assert calls == [2, 1], "an unload settles on its own"
     finally:
         host.close()

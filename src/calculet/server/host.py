@@ -56,15 +56,17 @@ class ModelHost:
 
     # --- start-up ------------------------------------------------------------------------
     def load(self) -> None:
-        """Load every start-up model; one that fails is logged and left out, the others serve."""
+        """Load every start-up model; one that fails is logged and left out, the others serve. The heap
+        is settled once, after the last of them (server/heap.py), before the host reports ready."""
         try:
             for spec in self.specs:
                 try:
-                    self.add(spec)
+                    self.add(spec, settle=False)
                 except CalculetError as exc:
                     self._failed(spec, exc)
                 except Exception as exc:  # a broken calbin or runtime: report it, never hang in "loading"
                     self._failed(spec, ModelError("load_failed", f"{type(exc).__name__}: {exc}"))
+            heap.settle()
             self.state = "ready" if self._served else "failed"
         finally:
             self.loaded.set()
@@ -137,8 +139,9 @@ class ModelHost:
         raise DeviceError("model_unavailable", "no model is loaded; load one (POST /admin/models)")
 
     # --- lifecycle -----------------------------------------------------------------------
-    def add(self, spec) -> LoadedModel:
-        """Load `spec` and serve it under its name (model_exists if that name is taken)."""
+    def add(self, spec, settle: bool = True) -> LoadedModel:
+        """Load `spec` and serve it under its name (model_exists if that name is taken). `settle`: settle
+        the heap after it (start-up passes False and settles once after all its models)."""
         with self._admin:
             if spec.name is not None:
                 self._check_free(spec.name)
@@ -151,7 +154,8 @@ class ModelHost:
             with self._lock:
                 self._served[model.name] = _Served(model, replace(spec, name=model.name))
             self._watch(model)
-            heap.settle()
+            if settle:
+                heap.settle()
             return model
 
     def remove(self, name: str, hurry: threading.Event | None = None) -> float:
