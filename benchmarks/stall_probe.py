@@ -24,6 +24,7 @@ ordinary steps are given beside them. Record the CPU with the figures (the repor
 from __future__ import annotations
 
 import argparse
+import bisect
 import gc
 import json
 import os
@@ -32,7 +33,6 @@ import random
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,10 +162,11 @@ def decode_steps(jobs: list) -> list[Step]:
 
 
 def window(samples: list[dict], t0: float, t1: float) -> tuple[dict, dict] | None:
-    """The samples just before t0 and just after t1 (None when the sampler did not cover it)."""
-    before = [s for s in samples if s["t"] <= t0]
-    after = [s for s in samples if s["t"] >= t1]
-    return (before[-1], after[0]) if before and after else None
+    """The samples just before t0 and just after t1 (None when the sampler did not cover it). The samples
+    are in time order, as the sampler wrote them."""
+    i = bisect.bisect_right(samples, t0, key=lambda s: s["t"])   # samples[:i] have t <= t0
+    j = bisect.bisect_left(samples, t1, key=lambda s: s["t"])    # samples[j:] have t >= t1
+    return (samples[i - 1], samples[j]) if i > 0 and j < len(samples) else None
 
 
 def machine_delta(samples: list[dict], t0: float, t1: float) -> dict | None:
