@@ -25,7 +25,11 @@ class Steps(EngineObserver):
     def __init__(self):
         self.steps: list[tuple[int, int]] = []    # (prefill tokens, decode rows)
         self.held: list[int] = []                 # sequences a burst held at each step (once `engine` is set)
+        self.raised = 0                           # steps the TTFT target raised past the budget
         self.engine = None
+
+    def slice_raised(self):
+        self.raised += 1
 
     def step(self, prefill_tokens, decode_rows):
         self.steps.append((prefill_tokens, decode_rows))
@@ -95,12 +99,25 @@ def run_concurrently(device, config: EngineConfig, observer: EngineObserver) -> 
 @pytest.mark.parametrize("budget, in_flight", [(0, 1), (0, 2), (8, 1), (8, 2), (24, 2)])
 def test_greedy_tokens_equal_alone_under_concurrency(device, alone, budget, in_flight):
     steps = Steps()
-    got = run_concurrently(device, EngineConfig(step_token_budget=budget, in_flight=in_flight), steps)
+    got = run_concurrently(device, EngineConfig(step_token_budget=budget, in_flight=in_flight, ttft_target_s=None), steps)
     assert got == alone
     assert any(p and d for p, d in steps.steps), "no step mixed prefill and decode"
     if budget:   # while sequences decode, a step prefills at most budget - rows (or one smallest chunk)
         over = [(p, d) for p, d in steps.steps if d and p > max(budget - d, 4)]
         assert not over, over
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_a_ttft_target_no_prompt_can_make_leaves_the_budget_in_charge(device, alone, in_flight):
+    """With a 1 ms target every prompt that arrives while others decode is already late: none asks
+    for a raised slice (that would stall the streams and still miss), so the 8-token budget holds, and
+    the tokens are those each request gets alone. The raising itself: tests/engine/test_scheduler.py."""
+    steps = Steps()
+    got = run_concurrently(device, EngineConfig(step_token_budget=8, ttft_target_s=1e-3, in_flight=in_flight), steps)
+    assert got == alone
+    assert steps.raised == 0
+    over = [(p, d) for p, d in steps.steps if d and p > max(8 - d, 4)]
+    assert not over, over
 
 
 def test_without_a_budget_a_step_prefills_a_whole_burst_beside_decode(device):

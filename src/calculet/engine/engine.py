@@ -44,7 +44,9 @@ from calculet.engine.requests import (Event, GenerationRequest, RequestDone, Req
                                       SequenceDelta)
 from calculet.engine.pipeline import IN_FLIGHT, JobPipeline, StepJob
 from calculet.engine.scheduler import Scheduler, StepPlan
-from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET, StepBudget
+from calculet.engine.step_costs import StepCosts
+from calculet.engine.step_policy import (DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET, DEFAULT_TTFT_TARGET_S,
+                                         StepBudget)
 from calculet.errors import CalculetError, DeviceError, RequestError
 from calculet.runtime.device import JOB_TIMEOUT_S
 from calculet.runtime.jobs import DecodeJob, JobResult, PrefillJob
@@ -70,6 +72,8 @@ class EngineConfig:
                                       # sequences decode (engine/step_policy.py); 0 or None: no such budget
     burst_prefill_tokens: int = DEFAULT_BURST_PREFILL_TOKENS   # a burst's prefilled streams wait while at
                                       # most this many of its prompt tokens are left (engine/step_policy.py); 0: off
+    ttft_target_s: float | None = DEFAULT_TTFT_TARGET_S   # the step slice grows for a prompt that would miss
+                                      # this first-token time (engine/step_policy.py); 0 or None: off
     in_flight: int = 2                # device jobs queued at once: 1 = immediate wait, 2 = ping/pong
     request_timeout_s: float | None = None
     job_timeout_s: float = JOB_TIMEOUT_S     # the longest one device job may take before it counts as failed
@@ -92,6 +96,9 @@ class EngineConfig:
         if self.burst_prefill_tokens < 0:
             raise RequestError("bad_option", f"--burst-prefill-tokens must be >= 0 prompt tokens (0: off), got "
                                f"{self.burst_prefill_tokens}")
+        if self.ttft_target_s is not None and self.ttft_target_s < 0:
+            raise RequestError("bad_option", f"--ttft-target must be > 0 seconds, or 0 for none, got "
+                               f"{self.ttft_target_s}")
         if self.in_flight not in IN_FLIGHT:
             raise RequestError("bad_option", f"--in-flight must be 1 or 2, got {self.in_flight}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
@@ -133,7 +140,8 @@ class Engine:
         self.vocab_size = device.program.vocab_size
         self.candidates = device.program.candidates   # K of the on-graph sampling head, 0 without one
         self.budget = StepBudget(self.config.max_prefill_tokens, self.config.step_token_budget,
-                                 self.config.burst_prefill_tokens)
+                                 self.config.burst_prefill_tokens, self.config.ttft_target_s)
+        self.costs = StepCosts()      # measured per job; kept across device resets
         self.prefix_cache = PrefixCache(device.lanes, self.config.prefix_cache, device.program.max_rewind,
                                         device.program.manifest.kv.ring)
         self.scheduler = self._new_scheduler()
@@ -150,7 +158,7 @@ class Engine:
         self._snapshot = self._take_snapshot()
 
     def _new_scheduler(self) -> Scheduler:
-        return Scheduler(self.lanes, self.device.program.chunk_sizes, self.budget, self.prefix_cache)
+        return Scheduler(self.lanes, self.device.program.chunk_sizes, self.budget, self.prefix_cache, self.costs)
 
     # --- caller side (any thread) --------------------------------------------------------
     def start(self) -> None:
@@ -304,6 +312,8 @@ class Engine:
         for state in plan.admitted:
             self.observer.admitted(now - state.arrived, len(state.request.prompt_ids))
         self.observer.step(sum(len(w.tokens) for w in plan.prefill), len(plan.decode))
+        if self.scheduler.raised:
+            self.observer.slice_raised()
         return plan
 
     # --- run: one decode step, then the step's prefill chunks, on the device -------------------
@@ -325,6 +335,12 @@ class Engine:
     def _observe(self, item: StepJob, result: JobResult) -> None:
         useful = len(item.work.tokens) if item.work is not None else len(item.seqs)
         self.observer.job(item.kind, result.timings, useful)
+        t = result.timings
+        seconds = t.input_prep + t.infer + t.output_fetch
+        if item.kind == "decode":
+            self.costs.decoded(seconds)
+        else:
+            self.costs.prefilled(seconds, useful)
 
     def _settle(self, failures: list, device_failure: CalculetError | None) -> None:
         """After the step's jobs: a device failure resets the device; request errors end their requests."""

@@ -13,6 +13,9 @@ class EngineObserver:
     def step(self, prefill_tokens: int, decode_rows: int) -> None:
         """An engine step was planned: prompt tokens it prefills beside how many decode rows."""
 
+    def slice_raised(self) -> None:
+        """The step's prefill slice was raised above the budget for a prompt at risk of missing the TTFT target."""
+
     def sampled(self, seconds: float, tokens: int) -> None:
         """Host sampling of one device job's rows took `seconds` for `tokens` sequences."""
 

@@ -33,6 +33,7 @@ from functools import lru_cache
 
 from calculet.engine.prefix_cache import PrefixCache
 from calculet.engine.requests import RequestState, Sequence
+from calculet.engine.step_costs import StepCosts
 from calculet.engine.step_policy import StepBudget
 from calculet.runtime.chunking import plan_chunks
 from calculet.runtime.lanes import Lanes
@@ -64,8 +65,9 @@ def _plan(n_tokens: int, start: int, sizes: tuple[int, ...], context: int) -> tu
 
 class Scheduler:
     def __init__(self, lanes: Lanes, chunk_sizes: tuple[int, ...], budget: StepBudget,
-                 cache: PrefixCache | None = None):
+                 cache: PrefixCache | None = None, costs: StepCosts | None = None):
         self.lanes = lanes
+        self.costs = costs if costs is not None else StepCosts()   # measured by the engine: the TTFT target's estimates
         self.cache = cache if cache is not None else PrefixCache(lanes, enabled=False)
         self.chunk_sizes = tuple(chunk_sizes)
         self.budget = budget
@@ -73,6 +75,7 @@ class Scheduler:
         self.prefilling: deque[Sequence] = deque()
         self.decoding: list[Sequence] = []
         self.held: list[Sequence] = []          # a burst's prefilled sequences, waiting for the rest of it
+        self.raised = False                     # the last plan's slice was raised by the TTFT target
 
     # --- queue ---------------------------------------------------------------------------
     def add(self, state: RequestState) -> None:
@@ -96,17 +99,21 @@ class Scheduler:
         if self.held and not self.budget.holds(self.prefill_left()):
             self.decoding.extend(self.held)
             self.held.clear()
-        return StepPlan(self._prefill_work(), tuple(self.decoding), admitted)
+        return StepPlan(self._prefill_work(now), tuple(self.decoding), admitted)
 
     def prefill_left(self) -> int:
         """Prompt tokens the admitted sequences still have to prefill."""
         return sum(len(s.kv_tokens()) - s.prefilled for s in self.prefilling)
 
-    def _prefill_work(self) -> tuple[PrefillWork, ...]:
-        """The next chunks in arrival order while they fit the step's prefill slice; the first always runs."""
+    def _prefill_work(self, now: float) -> tuple[PrefillWork, ...]:
+        """The next chunks in arrival order while they fit the step's prefill slice (raised for a prompt
+        at risk of missing the TTFT target); the first always runs."""
         rows = len(self.decoding)
-        limit = self.budget.prefill_slice(rows)
-        sizes = self.budget.chunk_sizes(self.chunk_sizes, rows)
+        needed = self.budget.needed_slice(((now - s.state.arrived, len(s.kv_tokens()) - s.prefilled)
+                                           for s in self.prefilling), self.costs) if rows else 0
+        limit = self.budget.prefill_slice(rows, needed)
+        self.raised = limit > self.budget.prefill_slice(rows)
+        sizes = self.budget.chunk_sizes(self.chunk_sizes, rows, needed)
         work, planned = [], 0
         for seq in self.prefilling:
             tokens = seq.kv_tokens()

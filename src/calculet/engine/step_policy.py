@@ -11,6 +11,29 @@ wait for it. Two limits bound it:
     prefill slice = P                       when nothing decodes (no stream waits: prefill at full speed)
                   = min(P, B - decode rows) when sequences decode
 
+A TTFT target raises the slice for a prompt that would otherwise miss it:
+
+    ttft_target_s       T   seconds from a request's arrival to its first token that the policy aims at
+                            (0 or None: off, the budget alone decides)
+
+    for the prefilling prompts in arrival order, with a_i the age of prompt i and R_i the prompt tokens
+    left to prefill up to and including it (chunks run first come first served), and the step costs
+    measured so far (d seconds per decode step, c seconds per prompt token):
+
+        steps it can still afford   n_i = floor((T - a_i - R_i * c) / d)
+        slice it needs              s_i = ceil(R_i / n_i)          (n_i < 1: it is late, asks for nothing)
+
+    prefill slice = min(P, max(B - decode rows, max_i s_i))
+
+so streams that decode pay the longer steps only while a prompt is at risk, and the budget keeps
+inter-token latency steady the rest of the time. A prompt that can no longer make the target (it waited
+for a lane, or the step costs rose) goes on at the budget's pace: a slice raised for it would stall every
+stream and still miss (measured on the AVX2 kernels, open loop: raising such prompts to
+max_prefill_tokens doubled the ITL P99, 0.34 s against 0.16 s, for one more request of 120 within the
+SLO). Its tokens still count ahead of the prompts behind it. Measured on the AVX2 kernels, where a prompt token
+costs ~3x what it does with AMX, a fixed 72-token budget left 200-token prompts that arrived beside
+4-8 decoding streams at 1.0-1.5 s TTFT (benchmarks/RESULTS.md).
+
 A burst (prompts that arrive while nothing decodes, as when a batch of clients all finished
 together) is prefilled at full speed before any of it decodes, as llama.cpp prefills a batch:
 
@@ -39,10 +62,15 @@ before a decode) is removed by bounding the slice, with no new graph kind in the
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+
+from calculet.engine.step_costs import StepCosts
 
 DEFAULT_STEP_TOKEN_BUDGET = 72   # 8 decode rows + 64 prompt tokens (one 64-token chunk on the default calbin)
 DEFAULT_BURST_PREFILL_TOKENS = 2048   # 8 lanes x 256-token prompts; about 1.5 s of prefill on 2 cores
+DEFAULT_TTFT_TARGET_S: float | None = None   # off: measured, it moved no open-loop figure (benchmarks/RESULTS.md)
 
 
 @dataclass(frozen=True)
@@ -50,8 +78,13 @@ class StepBudget:
     max_prefill_tokens: int = 512
     step_token_budget: int | None = DEFAULT_STEP_TOKEN_BUDGET   # None (or 0): no per-step budget
     burst_prefill_tokens: int = DEFAULT_BURST_PREFILL_TOKENS     # 0: a burst's streams decode at once
+    ttft_target_s: float | None = DEFAULT_TTFT_TARGET_S           # None (or 0): the budget alone decides
 
     def __post_init__(self):
+        if self.ttft_target_s == 0:
+            object.__setattr__(self, "ttft_target_s", None)
+        if self.ttft_target_s is not None and not self.ttft_target_s > 0:
+            raise ValueError(f"--ttft-target must be > 0 seconds, or 0 for none, got {self.ttft_target_s}")
         if self.max_prefill_tokens < 1:
             raise ValueError(f"--max-prefill-tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.step_token_budget == 0:
@@ -66,18 +99,39 @@ class StepBudget:
         tokens of the burst are still to prefill."""
         return 0 < prefill_left <= self.burst_prefill_tokens
 
-    def prefill_slice(self, decode_rows: int) -> int:
-        """Prompt tokens this step may prefill beside `decode_rows` decoding sequences (at least one
-        chunk runs even when this is 0)."""
+    def prefill_slice(self, decode_rows: int, needed: int = 0) -> int:
+        """Prompt tokens this step may prefill beside `decode_rows` decoding sequences, at least `needed`
+        (what the TTFT target asks for, `needed_slice`) up to max_prefill_tokens; at least one chunk runs
+        even when this is 0."""
         if self.step_token_budget is None or decode_rows == 0:
             return self.max_prefill_tokens
-        return max(0, min(self.max_prefill_tokens, self.step_token_budget - decode_rows))
+        return max(0, min(self.max_prefill_tokens, max(self.step_token_budget - decode_rows, needed)))
 
-    def chunk_sizes(self, compiled: tuple[int, ...], decode_rows: int) -> tuple[int, ...]:
+    def chunk_sizes(self, compiled: tuple[int, ...], decode_rows: int, needed: int = 0) -> tuple[int, ...]:
         """The compiled chunk sizes this step plans with: all of them without a budget (or when nothing
         decodes), else those that fit the slice (the smallest one when none does)."""
         if self.step_token_budget is None or decode_rows == 0:
             return tuple(compiled)
-        limit = self.prefill_slice(decode_rows)
+        limit = self.prefill_slice(decode_rows, needed)
         fitting = tuple(s for s in compiled if s <= limit)
         return fitting or (min(compiled),)
+
+    def needed_slice(self, prompts: Iterable[tuple[float, int]], costs: StepCosts) -> int:
+        """The prefill slice the TTFT target asks of this step (0: none beyond the budget).
+
+        `prompts`: (seconds since arrival, prompt tokens left to prefill) of each prefilling prompt, in
+        the order their chunks run. A prompt that cannot make the target in any number of steps asks for
+        nothing (the budget's pace), though its tokens delay those behind it."""
+        if self.ttft_target_s is None or self.step_token_budget is None or not costs.known:
+            return 0
+        need, ahead = 0, 0
+        for age, left in prompts:
+            ahead += left
+            if left <= 0:
+                continue
+            spare = self.ttft_target_s - age - ahead * costs.prefill_token_s
+            steps = math.floor(spare / costs.decode_step_s + 1e-9) if spare > 0 else 0
+            if steps < 1:
+                continue
+            need = max(need, math.ceil(ahead / steps))
+        return min(need, self.max_prefill_tokens)
