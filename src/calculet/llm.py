@@ -27,7 +27,7 @@ from calculet.engine.engine import EngineConfig
 from calculet.engine.local import UNBOUNDED_QUEUE, LocalEngine, RequestStream
 from calculet.engine.outputs import RequestOutput
 from calculet.engine.params import SamplingParams
-from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET
+from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET, DEFAULT_TTFT_TARGET_S
 from calculet.errors import RequestError
 
 log = logging.getLogger("calculet.llm")
@@ -53,6 +53,7 @@ class LLMOptions:
     max_prefill_tokens: int = 512              # engine: prompt tokens prefilled per step
     step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET   # engine: decode rows + prompt tokens per step while decoding; 0: none
     burst_prefill_tokens: int = DEFAULT_BURST_PREFILL_TOKENS   # engine: a burst is prefilled before it decodes (0: off)
+    ttft_target_s: float | None = DEFAULT_TTFT_TARGET_S   # engine: the step slice grows for a prompt that would miss it
     in_flight: int = 2                         # engine: device jobs in flight, 1 (immediate wait) or 2 (ping/pong)
     max_queue: int | None = None               # engine: waiting sequences; None = no limit
     request_timeout_s: float | None = None     # engine: per-request time limit; None = none
@@ -82,7 +83,7 @@ class LLMOptions:
     def engine_config(self) -> EngineConfig:
         return EngineConfig(max_queue=UNBOUNDED_QUEUE if self.max_queue is None else self.max_queue,
                             max_prefill_tokens=self.max_prefill_tokens, step_token_budget=self.step_token_budget,
-                            burst_prefill_tokens=self.burst_prefill_tokens,
+                            burst_prefill_tokens=self.burst_prefill_tokens, ttft_target_s=self.ttft_target_s,
                             in_flight=self.in_flight, request_timeout_s=self.request_timeout_s,
                             prefix_cache=self.prefix_cache)
 

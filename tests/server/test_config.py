@@ -14,6 +14,7 @@ from calculet.server.config import ServerConfig
     ({"max_prefill_tokens": 0}, "--max-prefill-tokens", ">= 1"),
     ({"step_token_budget": -1}, "--step-token-budget", "0 for none"),
     ({"in_flight": 3}, "--in-flight", "1 or 2"),
+    ({"ttft_target_s": -0.5}, "--ttft-target", "0 for none"),
     ({"request_timeout_s": 0.0}, "--request-timeout", "> 0"),
     ({"threads": -2}, "--threads", ">= 0"),
     ({"api_key": " "}, "--api-key", "empty"),
@@ -42,3 +43,4 @@ def test_engine_defaults_are_the_flags_defaults():
     engine = EngineConfig()
     for config in (ServerConfig().engine_config(), LLMOptions().engine_config()):
         assert (config.step_token_budget, config.in_flight) == (engine.step_token_budget, engine.in_flight) == (72, 2)
+        assert config.ttft_target_s == engine.ttft_target_s is None

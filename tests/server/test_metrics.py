@@ -105,3 +105,5 @@ def test_step_mix_is_exposed():
     assert s['calculet_step_prefill_tokens_bucket{le="0.0",model="m"}'] == 1
     assert s['calculet_step_prefill_tokens_bucket{le="64.0",model="m"}'] == 2
     assert s['calculet_step_decode_rows_bucket{le="0.0",model="m"}'] == 1 and s['calculet_step_decode_rows_sum{model="m"}'] == 16
+    m.for_model("m").slice_raised()
+    assert samples(m.render())['calculet_step_slice_raised_total{model="m"}'] == 1

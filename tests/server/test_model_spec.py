@@ -75,12 +75,13 @@ def test_step_budget_and_in_flight_reach_each_models_engine(tmp_path):
     model's engine (the server builds engines from ModelSpecs); models.toml may set them per model."""
     path = tmp_path / "models.toml"
     path.write_text('[[model]]\nname = "a"\ncalbin = "/x/a.calbin"\nin_flight = 2\n'
-                    '[[model]]\nname = "b"\ncalbin = "/x/b.calbin"\nstep_token_budget = 0\n')
+                    '[[model]]\nname = "b"\ncalbin = "/x/b.calbin"\nstep_token_budget = 0\nttft_target = 0.5\n')
     base = ServerConfig(step_token_budget=32, in_flight=1).model_spec()
     assert (base.engine_config().step_token_budget, base.engine_config().in_flight) == (32, 1)
     a, b = read_models_toml(str(path), base)
     assert (a.engine_config().step_token_budget, a.engine_config().in_flight) == (32, 2)
     assert (b.engine_config().step_token_budget, b.engine_config().in_flight) == (0, 1)
+    assert (a.engine_config().ttft_target_s, b.engine_config().ttft_target_s) == (None, 0.5)
     path.write_text('[[model]]\ncalbin = "/x/c.calbin"\nin_flight = 3\n')
     with pytest.raises(RequestError, match="--in-flight must be 1 or 2"):
         read_models_toml(str(path), base)

@@ -3,7 +3,7 @@
     GET    /admin/models                  the models, their state, chips and memory
     POST   /admin/models                  load: {"source" | "calbin", "name", "chips", "lanes", "chat_template",
                                           "max_queue", "max_prefill_tokens", "step_token_budget", "burst_prefill_tokens",
-                                          "in_flight",
+                                          "ttft_target", "in_flight",
                                           "request_timeout"}
     DELETE /admin/models/{name}           unload with drain; answers once drained
     POST   /admin/models/{name}/reload    {"source": new calbin or source} (default: the same path again);

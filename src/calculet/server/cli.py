@@ -45,6 +45,10 @@ def add_server_arguments(p) -> None:
                    help="while sequences decode, decode rows + prompt tokens per engine step (mixed steps: prompts are "
                         "prefilled in chunks that fit beside the decode rows); lower: steadier inter-token latency, "
                         "higher: lower TTFT; 0: no such budget, only --max-prefill-tokens (default %(default)s)")
+    p.add_argument("--ttft-target", type=float, default=ServerConfig.ttft_target_s, metavar="SECONDS",
+                   help="while sequences decode, a step prefills more than --step-token-budget allows when a waiting "
+                        "prompt would otherwise get its first token later than this (from the step costs measured as "
+                        "the server runs); decoding streams then pay longer steps (default: off, the budget alone decides)")
     p.add_argument("--burst-prefill-tokens", type=int, default=ServerConfig.burst_prefill_tokens, metavar="N",
                    help="prompts that arrive while nothing decodes are prefilled at full speed before any of them "
                         "decodes, while at most N of their prompt tokens are left (each stream sends its first token, "
@@ -104,7 +108,8 @@ def server_config(args) -> ServerConfig:
     config = ServerConfig(model=single, host=args.host, port=args.port, api_key=args.api_key,
                           max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens,
                           step_token_budget=args.step_token_budget,
-                          burst_prefill_tokens=args.burst_prefill_tokens, in_flight=args.in_flight, request_timeout_s=args.request_timeout,
+                          burst_prefill_tokens=args.burst_prefill_tokens, ttft_target_s=args.ttft_target or None,
+                          in_flight=args.in_flight, request_timeout_s=args.request_timeout,
                           served_model_name=args.served_model_name, threads=args.threads, spinning=args.ort_spinning, hugepages=args.hugepages,
                           chat_template=args.chat_template, provider=args.provider,
                           provider_options=parse_provider_options(args.provider_option), max_body_bytes=args.max_body_bytes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET
+from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET, DEFAULT_TTFT_TARGET_S
 from calculet.errors import RequestError
 
 if TYPE_CHECKING:  # the engine is imported when used, so `calculet serve --help` reads these defaults fast
@@ -22,6 +22,7 @@ class ServerConfig:
     max_prefill_tokens: int = 512          # prompt tokens prefilled per engine step
     step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET   # decode rows + prompt tokens per step while sequences decode; 0: none
     burst_prefill_tokens: int = DEFAULT_BURST_PREFILL_TOKENS   # a burst is prefilled before it decodes while at most this much is left; 0: off
+    ttft_target_s: float | None = DEFAULT_TTFT_TARGET_S   # the step slice grows for a prompt that would miss it; None: off
     in_flight: int = 2                     # device jobs in flight: 1 (immediate wait) or 2 (ping/pong)
     request_timeout_s: float | None = None
     served_model_name: str | None = None
@@ -88,7 +89,7 @@ class ServerConfig:
         key = "set" if self.api_key else None
         return (f"ServerConfig(model={self.model!r}, host={self.host!r}, port={self.port}, api_key={key}, "
                 f"max_queue={self.max_queue}, max_prefill_tokens={self.max_prefill_tokens}, "
-                f"step_token_budget={self.step_token_budget}, burst_prefill_tokens={self.burst_prefill_tokens}, in_flight={self.in_flight}, request_timeout_s={self.request_timeout_s}, "
+                f"step_token_budget={self.step_token_budget}, burst_prefill_tokens={self.burst_prefill_tokens}, ttft_target_s={self.ttft_target_s}, in_flight={self.in_flight}, request_timeout_s={self.request_timeout_s}, "
                 f"served_model_name={self.served_model_name!r}, threads={self.threads}, chat_template={self.chat_template!r}, "
                 f"provider={self.provider!r}, provider_options={self.provider_options!r}, hugepages={self.hugepages!r}, "
                 f"max_body_bytes={self.max_body_bytes}, drain_timeout_s={self.drain_timeout_s}, job_timeout_s={self.job_timeout_s}, "
@@ -136,7 +137,8 @@ class ServerConfig:
 
         return ModelSpec(source=source, name=name, chat_template=self.chat_template, max_queue=self.max_queue,
                          max_prefill_tokens=self.max_prefill_tokens, step_token_budget=self.step_token_budget,
-                         burst_prefill_tokens=self.burst_prefill_tokens, in_flight=self.in_flight, request_timeout_s=self.request_timeout_s,
+                         burst_prefill_tokens=self.burst_prefill_tokens, ttft_target_s=self.ttft_target_s,
+                         in_flight=self.in_flight, request_timeout_s=self.request_timeout_s,
                          job_timeout_s=self.job_timeout_s, partition=self.partition,
                          prefix_cache=self.prefix_cache)
 

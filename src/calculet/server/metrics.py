@@ -143,6 +143,8 @@ class ServerMetrics:
         self.step_prefill = Histogram("calculet_step_prefill_tokens", "Prompt tokens prefilled per engine step "
                                       "(bounded by --max-prefill-tokens and --step-token-budget)", M,
                                       buckets=STEP_TOKEN_BUCKETS, registry=r)
+        self.slice_raised = Counter("calculet_step_slice_raised_total", "Engine steps whose prefill slice went past "
+                                    "--step-token-budget for a prompt at risk of missing --ttft-target", M, registry=r)
         self.step_decode = Histogram("calculet_step_decode_rows", "Decoding sequences per engine step", M,
                                      buckets=STEP_ROW_BUCKETS, registry=r)
         self.sampling = Histogram("calculet_sampling_seconds", "Host sampling time per device job", M,
@@ -209,6 +211,9 @@ class ModelMetrics(EngineObserver):
     def step(self, prefill_tokens: int, decode_rows: int) -> None:
         self.m.step_prefill.labels(self.name).observe(prefill_tokens)
         self.m.step_decode.labels(self.name).observe(decode_rows)
+
+    def slice_raised(self) -> None:
+        self.m.slice_raised.labels(self.name).inc()
 
     def sampled(self, seconds: float, tokens: int) -> None:
         if tokens:

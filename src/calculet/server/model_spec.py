@@ -13,6 +13,7 @@ whose name is derived), from `--models models.toml`, or from an admin load reque
     max_prefill_tokens = 512
     step_token_budget = 72         # decode rows + prompt tokens per step while decoding (0: none)
     burst_prefill_tokens = 2048    # a burst is prefilled before it decodes while at most this much is left (0: off)
+    ttft_target = 1.0              # seconds; the step slice grows for a prompt that would miss it (default 0: off)
     in_flight = 2                  # device jobs in flight: 1 or 2 (ping/pong)
     request_timeout = 30.0         # seconds
     prefix_cache = true            # reuse finished prompts' KV (false: --no-prefix-cache for this model)
@@ -28,14 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from calculet.calbin.partition import PARTITIONS
-from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET
+from calculet.engine.step_policy import DEFAULT_BURST_PREFILL_TOKENS, DEFAULT_STEP_TOKEN_BUDGET, DEFAULT_TTFT_TARGET_S
 from calculet.errors import RequestError
 
 if TYPE_CHECKING:
     from calculet.engine.engine import EngineConfig
 
 TOML_KEYS = ("name", "source", "calbin", "chips", "partition", "lanes", "chat_template", "max_queue", "max_prefill_tokens",
-             "step_token_budget", "burst_prefill_tokens", "in_flight", "request_timeout", "prefix_cache")
+             "step_token_budget", "burst_prefill_tokens", "ttft_target", "in_flight", "request_timeout", "prefix_cache")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class ModelSpec:
     max_prefill_tokens: int = 512
     step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET
     burst_prefill_tokens: int = DEFAULT_BURST_PREFILL_TOKENS
+    ttft_target_s: float | None = DEFAULT_TTFT_TARGET_S
     in_flight: int = 2
     request_timeout_s: float | None = None
     job_timeout_s: float = 600.0
@@ -124,7 +126,8 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
     if "source" in d and "calbin" in d:
         raise RequestError("bad_option", f"{where}: give source or calbin, not both")
     types = {"name": str, "source": str, "calbin": str, "chat_template": str, "partition": str, "lanes": int, "max_queue": int,
-             "max_prefill_tokens": int, "step_token_budget": int, "burst_prefill_tokens": int, "in_flight": int, "request_timeout": (int, float)}
+             "max_prefill_tokens": int, "step_token_budget": int, "burst_prefill_tokens": int, "ttft_target": (int, float), "in_flight": int,
+             "request_timeout": (int, float)}
     for key, kind in types.items():
         if key in d and (not isinstance(d[key], kind) or isinstance(d[key], bool)):
             raise RequestError("bad_option", f"{where}: {key} must be a {getattr(kind, '__name__', 'number')}, "
@@ -145,6 +148,7 @@ def from_mapping(d: dict, base: ModelSpec, where: str) -> ModelSpec:
                    max_prefill_tokens=d.get("max_prefill_tokens", base.max_prefill_tokens),
                    step_token_budget=d.get("step_token_budget", base.step_token_budget),
                    burst_prefill_tokens=d.get("burst_prefill_tokens", base.burst_prefill_tokens),
+                   ttft_target_s=float(d.get("ttft_target", base.ttft_target_s or 0)) or None,
                    in_flight=d.get("in_flight", base.in_flight),
                    request_timeout_s=None if timeout is None else float(timeout),
                    prefix_cache=d.get("prefix_cache", base.prefix_cache))
