@@ -175,3 +175,22 @@ def test_hugepages_option_reaches_the_device(tiny_calbin):
         assert off._device.hugepages is None
     with LLM(tiny_calbin("llama")) as default:
         assert default._device.hugepages is not None
+
+
+@pytest.mark.parametrize("settle", [True, False])
+def test_the_load_is_frozen_out_of_full_collections_until_close(tiny_calbin, settle):
+    """settle_heap (default): after the load, the engine's objects sit in the permanent generation, so
+    a full collection mid-stream does not walk them; close() hands them back. False leaves the
+    collector as it was."""
+    import gc
+
+    gc.unfreeze()
+    llm = LLM(tiny_calbin("llama"), settle_heap=settle)
+    try:
+        engine = llm._local.engine
+        tracked = any(o is engine for g in range(3) for o in gc.get_objects(generation=g))
+        assert (gc.get_freeze_count() > 0, tracked) == ((True, False) if settle else (False, True))
+        assert llm.generate("hi", SamplingParams(max_tokens=2, temperature=0.0))[0].outputs[0].token_ids
+    finally:
+        llm.close()
+    assert gc.get_freeze_count() == 0   # close() unfroze them

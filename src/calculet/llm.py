@@ -16,6 +16,7 @@ and the engine; `calculet run` (run.py) is built on it.
 
 from __future__ import annotations
 
+import gc
 import logging
 import numbers
 from collections.abc import Sequence
@@ -58,6 +59,10 @@ class LLMOptions:
     max_queue: int | None = None               # engine: waiting sequences; None = no limit
     request_timeout_s: float | None = None     # engine: per-request time limit; None = none
     prefix_cache: bool = True                  # engine: resume prompts from finished sequences' KV
+    settle_heap: bool = False                  # after the load collect once and freeze the survivors out of the
+                                               # collector's full passes (server/heap.py); close() unfreezes.
+                                               # Off: in process no full pass ran in 8-stream waves either way
+                                               # (benchmarks/llm_heap.py); for an app that allocates as a server does
 
     def __post_init__(self):
         if self.prefill_chunks is not None:
@@ -103,6 +108,7 @@ class LLM:
         from calculet.cache import ensure_calbin
         from calculet.engine.tokenizer import TextTokenizer
         from calculet.runtime.device import Device
+        from calculet.server import heap
 
         self.options = _options(options)
         engine_config = self.options.engine_config()   # checked before anything is compiled or loaded
@@ -119,6 +125,8 @@ class LLM:
             self._device.close()
             raise
         self._closed = False
+        if self.options.settle_heap:   # the load's ~100,000 objects: no full collection walks them mid-stream
+            heap.settle()
 
     @property
     def context(self) -> int:
@@ -182,6 +190,8 @@ class LLM:
             self._local.close()
         finally:
             self._device.close()
+        if self.options.settle_heap:   # back to the collector: once unreachable, the model's cycles are freed
+            gc.unfreeze()
 
     def __enter__(self) -> "LLM":
         return self
