@@ -108,7 +108,6 @@ class LLM:
         from calculet.cache import ensure_calbin
         from calculet.engine.tokenizer import TextTokenizer
         from calculet.runtime.device import Device
-        from calculet.server import heap
 
         self.options = _options(options)
         engine_config = self.options.engine_config()   # checked before anything is compiled or loaded
@@ -126,6 +125,8 @@ class LLM:
             raise
         self._closed = False
         if self.options.settle_heap:   # the load's ~100,000 objects: no full collection walks them mid-stream
+            from calculet.server import heap
+
             heap.settle()
 
     @property

@@ -30,9 +30,12 @@ inter-token latency steady the rest of the time. A prompt that can no longer mak
 for a lane, or the step costs rose) goes on at the budget's pace: a slice raised for it would stall every
 stream and still miss (measured on the AVX2 kernels, open loop: raising such prompts to
 max_prefill_tokens doubled the ITL P99, 0.34 s against 0.16 s, for one more request of 120 within the
-SLO). Its tokens still count ahead of the prompts behind it. Measured on the AVX2 kernels, where a prompt token
-costs ~3x what it does with AMX, a fixed 72-token budget left 200-token prompts that arrived beside
-4-8 decoding streams at 1.0-1.5 s TTFT (benchmarks/RESULTS.md).
+SLO). Its tokens still count ahead of the prompts behind it.
+
+Why a target at all: on the AVX2 kernels a prompt token costs ~3x what it does with AMX, and a fixed
+72-token budget left 200-token prompts that arrived beside 4-8 decoding streams at 1.0-1.5 s TTFT.
+Why it is off by default: in the open-loop benchmark nearly every miss had waited for a lane, and no
+figure moved by more than the rounds' noise (benchmarks/RESULTS.md, 2026-12-06).
 
 A burst (prompts that arrive while nothing decodes, as when a batch of clients all finished
 together) is prefilled at full speed before any of it decodes, as llama.cpp prefills a batch:
