@@ -110,8 +110,9 @@ def test_greedy_tokens_equal_alone_under_concurrency(device, alone, budget, in_f
 @pytest.mark.parametrize("in_flight", [1, 2])
 def test_a_ttft_target_no_prompt_can_make_leaves_the_budget_in_charge(device, alone, in_flight):
     """With a 1 ns target every prompt is already late when it is planned (a tiny model's step costs
-    are a fraction of a millisecond, so a 1 ms target could still be made): none asks for a raised slice (that would stall the streams and still miss), so the 8-token budget holds, and
-    the tokens are those each request gets alone. The raising itself: tests/engine/test_scheduler.py."""
+    are a fraction of a millisecond, so a 1 ms target could still be made): none asks for a raised
+    slice (that would stall the streams and still miss), so the 8-token budget holds, and the tokens
+    are those each request gets alone. The raising itself: tests/engine/test_scheduler.py."""
     steps = Steps()
     got = run_concurrently(device, EngineConfig(step_token_budget=8, ttft_target_s=1e-9, in_flight=in_flight), steps)
     assert got == alone
