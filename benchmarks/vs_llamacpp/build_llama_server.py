@@ -4,9 +4,12 @@ Order of search: `--llama-server PATH` (the caller's), `$LLAMA_SERVER`, `llama-s
 then a previous build in the cache. If none is found, the llama.cpp sources are taken from the
 `llama-cpp-python` source distribution on PyPI (it vendors llama.cpp under `vendor/llama.cpp`) and
 only the `llama-server` target is built with CMake: with `-march=native`, or on a CPU with AMX with
-every native instruction set but ggml's AMX kernels (NO_AMX_OPTIONS says why).
+every native instruction set but ggml's AMX kernels (NO_AMX_OPTIONS says why). `--avx2` builds the peer
+for runs through `benchmarks/isa_view` instead: AVX2, FMA and F16C only, in `build-avx2/` beside the
+native build (AVX2_OPTIONS).
 
     python benchmarks/vs_llamacpp/build_llama_server.py            # prints the binary's path
+    python benchmarks/vs_llamacpp/build_llama_server.py --avx2     # the AVX2-only peer: build-avx2/bin/llama-server
     python benchmarks/vs_llamacpp/build_llama_server.py --jobs 2 --cache ~/.cache/calculet/llama.cpp
 
 Nothing here is written inside the repository.
@@ -51,6 +54,18 @@ NO_AMX_OPTIONS = [
 ]
 
 
+# The AVX2-only peer (`--avx2`): what `-march=native` gives on an AVX2-only CPU (the AMD EPYC, family 25
+# model 1, these machines also come as), for runs where ONNX Runtime sees the AVX2-only view of a larger CPU
+# (benchmarks/isa_view). Not one AVX-512, VNNI or AMX kernel is compiled in, so ggml cannot pick one at run
+# time either.
+AVX2_OPTIONS = [
+    "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
+    "-DGGML_AVX512=OFF", "-DGGML_AVX512_VBMI=OFF", "-DGGML_AVX512_VNNI=OFF", "-DGGML_AVX512_BF16=OFF",
+    "-DGGML_AVX_VNNI=OFF", "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
+]
+KINDS = {"native": [], "no-amx": NO_AMX_OPTIONS, "avx2": AVX2_OPTIONS}
+
+
 def has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether the real CPU has AMX (CALCULET_CPU_FEATURES ignored: the crash is the hardware's)."""
     from calculet.cpu_features import detect
@@ -58,24 +73,36 @@ def has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return detect(environ={}, cpuinfo=cpuinfo).has("amx_int8")
 
 
-def cmake_options(no_amx: bool) -> list[str]:
-    if not no_amx:
+def cmake_options(kind: str) -> list[str]:
+    """CMake options for a build `kind`: native (-march=native), no-amx or avx2 (KINDS)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown llama-server build {kind!r}; known: {', '.join(KINDS)}")
+    if kind == "native":
         return CMAKE_OPTIONS
-    return [o for o in CMAKE_OPTIONS if not o.startswith("-DGGML_NATIVE=")] + NO_AMX_OPTIONS
+    return [o for o in CMAKE_OPTIONS if not o.startswith("-DGGML_NATIVE=")] + KINDS[kind]
 
 
-def built_binary(cache: Path) -> Path:
-    return cache / "build" / "bin" / "llama-server"
+def build_dir(cache: Path, kind: str) -> Path:
+    """The native and no-AMX builds share `build/` (one CPU gets one of them); the AVX2 peer has its own."""
+    return cache / ("build-avx2" if kind == "avx2" else "build")
 
 
-def find_llama_server(explicit: str | None, cache: Path) -> Path | None:
-    """Return an existing llama-server, or None when it must be built."""
+def built_binary(cache: Path, kind: str = "native") -> Path:
+    return build_dir(cache, kind) / "bin" / "llama-server"
+
+
+def find_llama_server(explicit: str | None, cache: Path, avx2: bool = False) -> Path | None:
+    """Return an existing llama-server, or None when it must be built. The AVX2 peer is only ever the
+    cache's `build-avx2` (or the caller's explicit binary): a llama-server on PATH is built for its CPU."""
     for candidate in (explicit, os.environ.get("LLAMA_SERVER")):
         if candidate:
             path = Path(candidate).expanduser()
             if not (path.is_file() and os.access(path, os.X_OK)):
                 raise FileNotFoundError(f"llama-server given as {candidate!r} is not an executable file")
             return path
+    if avx2:
+        cached = built_binary(cache, "avx2")
+        return cached if cached.is_file() else None
     on_path = shutil.which("llama-server")
     if on_path:
         return Path(on_path)
@@ -109,31 +136,34 @@ def fetch_sources(cache: Path) -> Path:
     return llama_cpp
 
 
-def build_llama_server(cache: Path, jobs: int, no_amx: bool = False) -> Path:
-    """Configure and build only the llama-server target; return the binary's path."""
+def build_llama_server(cache: Path, jobs: int, kind: str = "native") -> Path:
+    """Configure and build only the llama-server target of build `kind`; return the binary's path."""
     llama_cpp = fetch_sources(cache)
-    build = cache / "build"
-    subprocess.run(["cmake", "-S", str(llama_cpp), "-B", str(build), *cmake_options(no_amx)], check=True)
+    build = build_dir(cache, kind)
+    subprocess.run(["cmake", "-S", str(llama_cpp), "-B", str(build), *cmake_options(kind)], check=True)
     subprocess.run(
         ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)], check=True
     )
-    binary = built_binary(cache)
+    binary = built_binary(cache, kind)
     if not binary.is_file():
         raise FileNotFoundError(f"the build finished but {binary} does not exist")
     return binary
 
 
-def find_or_build(explicit: str | None = None, cache: Path = DEFAULT_CACHE, jobs: int = 2, ggml_amx: bool = False) -> Path:
+def find_or_build(explicit: str | None = None, cache: Path = DEFAULT_CACHE, jobs: int = 2, ggml_amx: bool = False,
+                  avx2: bool = False) -> Path:
     """An existing llama-server, else a new build: native, or on a CPU with AMX the no-AMX one unless
-    `ggml_amx`."""
-    found = find_llama_server(explicit, cache)
+    `ggml_amx`; with `avx2`, the AVX2-only peer."""
+    found = find_llama_server(explicit, cache, avx2)
     if found is not None:
         return found
+    if avx2:
+        return build_llama_server(cache, jobs, "avx2")
     no_amx = has_amx() and not ggml_amx
     if no_amx:
         print("this CPU has AMX: building llama-server without ggml's AMX kernels (NO_AMX_OPTIONS says why)",
               file=sys.stderr)
-    return build_llama_server(cache, jobs, no_amx)
+    return build_llama_server(cache, jobs, "no-amx" if no_amx else "native")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,8 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ggml-amx", action="store_true",
                         help="on a CPU with AMX, build the native llama-server with ggml's AMX kernels anyway (by "
                              "default it is built without them: they crashed on the AMX Xeon seen here)")
+    parser.add_argument("--avx2", action="store_true",
+                        help="the AVX2-only peer for runs through benchmarks/isa_view, in build-avx2/ (AVX2_OPTIONS)")
     args = parser.parse_args(argv)
-    print(find_or_build(args.llama_server, args.cache.expanduser(), args.jobs, args.ggml_amx))
+    if args.avx2 and args.ggml_amx:
+        parser.error("--avx2 builds without AMX; drop --ggml-amx")
+    print(find_or_build(args.llama_server, args.cache.expanduser(), args.jobs, args.ggml_amx, args.avx2))
     return 0
 
 

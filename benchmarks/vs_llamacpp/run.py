@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calculet-only", action="store_true",
                         help="benchmark `calculet serve` alone (no llama-server needed; medians and worst rounds, no ratios)")
     parser.add_argument("--llama-server", help="llama-server binary (default: find or build one)")
+    parser.add_argument("--llama-avx2", action="store_true",
+                        help="the AVX2-only llama-server (build_llama_server.py --avx2, built once into the cache): "
+                             "the peer for a run in benchmarks/isa_view's AVX2 view")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="llama.cpp build cache")
     parser.add_argument("--gguf", type=Path, help="GGUF to serve (default: the default model's)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for both servers (default 2)")
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: GGUF {gguf} does not exist")
     if with_calculet and not calculet_serve_available():
         raise SystemExit("error: `calculet serve` is not available (--llama-only benchmarks llama-server alone)")
-    binary = find_or_build(args.llama_server, args.cache.expanduser(), jobs=2) if with_llama else None
+    binary = find_or_build(args.llama_server, args.cache.expanduser(), jobs=2, avx2=args.llama_avx2) if with_llama else None
     pairs = {"main"} | ({"long"} if "long" in names else set())
     long_calbin = None
     if with_calculet and "long" in pairs:
