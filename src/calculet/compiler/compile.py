@@ -154,9 +154,13 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     if options.prefill_int8_outliers:   # calibrated on a probe build of the same weights (compiler/prefill_int8.py)
         def build_probe(probe_options: CompileOptions, out: Path) -> Path:
             return _compile_probe(out, source, family, spec, probe_options, source_arg, isa, probe_base)
-        outliers = prefill_int8.calibrate(build_probe, options, spec, weights,
-                                          tok.bos_token_id if tok.add_bos_token else None, source.tokenizer_json, log)
-        prefill_int8.add_weights(weights, quant_record, outliers, code_range)
+        rows = prefill_int8.calibrate(build_probe, options, spec, weights,
+                                      tok.bos_token_id if tok.add_bos_token else None, source.tokenizer_json, log)
+        if prefill_int8.smooths(options):
+            prefill_int8.add_smoothed_weights(weights, quant_record, rows, options.prefill_int8_smooth, code_range)
+        else:
+            outliers = prefill_int8.outlier_ids(weights, rows, options.prefill_int8_outliers)
+            prefill_int8.add_weights(weights, quant_record, outliers, code_range)
         if isa is not None and prefill_int8.float32_prefill(isa.compile_cpu):
             prefill_int8.add_float32_copies(spec, weights, quant_record)
         if isa is not None and prefill_int8.two_level_prefill(isa.compile_cpu):

@@ -25,6 +25,7 @@ SAMPLING_HEAD_K = 64
 MAX_CHIPS = 8
 MAX_PREFILL_INT8_OUTLIERS = 256
 PREFILL_INT8_OUTLIERS = 32   # the default: float32 channels per projection (compiler/prefill_int8.py)
+PREFILL_INT8_SMOOTH = 0.0    # the default: float32 outlier channels; None (auto) or an alpha: smoothing (faster, coarser)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class CompileOptions:
     kv_rings: bool = True        # sliding-window layers keep a ring of window + largest chunk rows (compiler/kv_layout.py)
     kv_dtype: str = "fp32"       # --kv-dtype: a KV_DTYPE_OPTIONS name (kv_layout.kv_dtype_problem: which runs where)
     prefill_int8_outliers: int = PREFILL_INT8_OUTLIERS  # the prefill-int8 pass (compiler/prefill_int8.py): float32 input channels per projection; 0: off
+    prefill_int8_smooth: float | None = PREFILL_INT8_SMOOTH   # 0: float32 outlier channels; None: smoothing, alpha searched per projection; else smoothing with this alpha
 
     @property
     def kv_numpy_dtype(self) -> str:
@@ -118,6 +120,9 @@ class CompileOptions:
         if not 0 <= self.prefill_int8_outliers <= MAX_PREFILL_INT8_OUTLIERS:
             raise RequestError("bad_option", f"--prefill-int8-outliers must be in 0..{MAX_PREFILL_INT8_OUTLIERS} "
                                              f"(0: off), got {self.prefill_int8_outliers}")
+        if self.prefill_int8_smooth is not None and not 0.0 <= self.prefill_int8_smooth < 1.0:
+            raise RequestError("bad_option", f"--prefill-int8-smooth must be auto or in [0, 1) (0: float32 outlier "
+                                             f"channels instead of smoothing), got {self.prefill_int8_smooth}")
         unknown = set(self.fusions) - set(FUSIONS)
         if unknown:
             raise RequestError("bad_option", f"unknown fusion {sorted(unknown)}; known: {', '.join(FUSIONS)}")

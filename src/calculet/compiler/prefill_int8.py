@@ -1,22 +1,44 @@
 """The "prefill-int8" pass: prefill chunks run the projections that read a norm's output, and o_proj,
-as an int8 GEMM with one activation scale per token, and keep the few input channels that carry outliers in
-float32 (the `cpu` target, one chip, an x86 CPU).
+as an int8 GEMM with one activation scale per token, with the few input channels that carry outliers kept
+in float32 (the default) or over inputs smoothed per channel (the `cpu` target, one chip, an x86 CPU).
 
 Decode steps keep the block kernels (MatMulNBits: 32-wide activation blocks, the GGUF's weights
 exactly). A prefill chunk has many rows, where ONNX Runtime's int8 GEMM is about twice as fast as the
 block kernels, but one int8 scale per token is too coarse for Gemma's activations on its own: a
 handful of channels of the residual stream are hundreds of times larger than the rest and set every
-token's scale. So, per projection W [in, out] (the packed qkv and gate/up, o_proj; see PROJECTED):
+token's scale. Two formulations handle them, per projection W [in, out] (the packed qkv and gate/up,
+o_proj; see PROJECTED):
+
+  float32 outlier channels (the default: --prefill-int8-smooth 0, --prefill-int8-outliers K):
 
     ids      = the k input channels with the largest |x| on calibration text       [k]
     x_in     = x with those channels zeroed                                         [R, in]
     y        = (u8(x_in / s) . W8) * s * w_scale  +  x[:, ids] . W[ids, :]          [R, out]
                s = max|x_in| / 127 per row; W8 = W with the rows `ids` zeroed, int8 per column
 
+  smoothing (--prefill-int8-smooth auto|ALPHA; SmoothQuant's migration of range from the activations
+  to the weights; auto: per projection the alpha of SMOOTH_ALPHAS whose simulated output error on the
+  calibration rows is least):
+
+    f        = max|x_c|^alpha / max|W_c|^(1 - alpha) per input channel c, geometric mean 1    [in]
+    y        = (u8((x / f) / s) . W8f) * s * w_scale                                         [R, out]
+               s = max|x / f| / 127 per row; W8f = W with row c times f_c, int8 per column
+
+Smoothing leaves one GEMM and one Mul per projection where the float32 channels need a Gather, a
+float32 MatMul of K rows and an Add over the [R, out] output (memory-bound). It is faster and coarser,
+so it is an option, not the default. Measured 2026-12-06 on a 2-core AMD EPYC Zen 5 (AVX-512 VNNI),
+default model: a 1,000-token prefill (benchmarks/prefill_ab.py, 7 alternating rounds, alpha 0.5) 493
+against 603 ms (0.82x; the block kernels 625 ms); per projection on the calibration rows, relative
+output error (mean over layers, qkv / o_proj / gate-up) 0.0066 / 0.0083 / 0.0079 with the float32
+channels, 0.0102 / 0.0089 / 0.0116 smoothed with the best alpha, 0.0095 / 0.0053 / 0.0091 for the
+block kernels' per-32 activation blocks; on the 100-prompt reference set (docs/NUMERICS.md)
+teacher-forced agreement 0.9753 (float32 channels), 0.9675 (auto), 0.9663 (alpha 0.5).
+
 Calibration runs the model itself: a probe build of the same source (compiled without this pass)
 prefills four 128-token passages of the project's English text (calculet.reference.texts, a span
 that neither the perplexity evaluation nor the reference sets read; no torch), and each
-projection's input (a norm's output, or the probe `...o_proj:input`) gives the per-channel maximum |x|.
+projection's input (a norm's output, or the probe `...o_proj:input`) gives the per-channel maximum |x|
+(and, for smoothing, the rows its alpha is chosen on).
 
 Measured on the default model (2-core EPYC with AVX-512 VNNI, onnxruntime 1.32): qkv and gate/up of
 a 128-token chunk 4.0 -> 2.1 ms (best of 7), o_proj 14.9 -> 7.3 + 2.1 ms of a profiled chunk (18
@@ -98,6 +120,9 @@ FLOAT32_PREFILL = (".mlp.down_proj.weight",)
 # With AMX: the weights prefill chunks run as the two-level int8 GEMM (module docstring). Their codes are
 # stored as `<weight>.rows8` like PROJECTED's, without outlier channels.
 TWO_LEVEL_PREFILL = (".mlp.down_proj.weight",)
+SMOOTH_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)   # smoothing_alpha's candidates (--prefill-int8-smooth auto)
+SEARCH_ROWS = 256       # calibration rows smoothing_alpha scores each candidate on
+SMOOTH_FLOOR = 1e-3     # smoothing_factors: a channel's |x| or |W| peak counts as at least this share of the median
 RESIDUE_STEPS = 254.0   # s2 = s1 / RESIDUE_STEPS: |x - s1 q1| <= s1 / 2, so |q2 - 128| <= 127
 
 
@@ -119,6 +144,13 @@ def projections(spec: ModelSpec, store) -> list[Projection]:
             if q is not None and q.bits == 8:
                 out.append(Projection(weight, f"{p}.{mlp_norm if source == MLP_NORM else source}"))
     return out
+
+
+def smooths(options) -> bool:
+    """Whether the pass smooths its inputs (--prefill-int8-smooth auto or an alpha) rather than keeping
+    float32 outlier channels (0)."""
+    alpha = getattr(options, "prefill_int8_smooth", None)
+    return alpha is None or alpha > 0
 
 
 def float32_prefill(cpu: CpuFeatures) -> bool:
@@ -170,8 +202,9 @@ def calibration_ids(tokenizer_json: str, bos: int | None, vocab: int) -> list[li
 
 def calibrate(build_probe, options, spec: ModelSpec, store, bos: int | None, tokenizer_json: str,
               log) -> dict[str, np.ndarray]:
-    """{packed weight: int64 ids of its k input channels with the largest |x|}, from a probe build of
-    the same weights run on the calibration prompts (ONNX Runtime directly: the runtime is a layer above).
+    """{packed weight: float32 [n, in], its input at every token of the calibration prompts (projections
+    that read the same norm share one array)}, from a probe build of the same weights (ONNX Runtime
+    directly: the runtime is a layer above).
     build_probe(probe_options, out) -> the probe calbin's path (compile.py builds it from the weights already quantized)."""
     wanted = projections(spec, store)
     probe_options = replace(options, prefill_int8_outliers=0, probes=True, golden=False, lanes=1, decode_lanes=(1,),
@@ -179,20 +212,32 @@ def calibrate(build_probe, options, spec: ModelSpec, store, bos: int | None, tok
     prompts = calibration_ids(tokenizer_json, bos, spec.vocab_size)
     if not prompts:
         raise RuntimeError("prefill-int8 calibration: the calibration text gave no prompt")
-    peak: dict[str, np.ndarray] = {}
+    seen: dict[str, list[np.ndarray]] = {}
     with tempfile.TemporaryDirectory(prefix="calculet-calibration-") as tmp:
         calbin = build_probe(probe_options, Path(tmp) / "probe.calbin")
         for outputs in _probe_runs(calbin, prompts, {p.source for p in wanted}):
             for source, rows in outputs.items():
-                m = np.abs(rows).max(axis=0)
-                peak[source] = m if source not in peak else np.maximum(peak[source], m)
-    log(f"prefill-int8: calibrated {len(wanted)} projections on {len(prompts)} x {CALIBRATION_TOKENS} tokens; "
-        f"up to {options.prefill_int8_outliers} float32 input channels each")
-    out = {}
-    for p in wanted:
-        k = outlier_count(options.prefill_int8_outliers, store.quant(p.weight).k)
-        out[p.weight] = np.sort(np.argsort(-peak[p.source], kind="stable")[:k]).astype(np.int64)
-    return out
+                seen.setdefault(source, []).append(np.asarray(rows, np.float32))
+    rows = {source: np.concatenate(parts) for source, parts in seen.items()}
+    log(f"prefill-int8: calibrated {len(wanted)} projections on {len(prompts)} x {CALIBRATION_TOKENS} tokens")
+    return {p.weight: rows[p.source] for p in wanted}
+
+
+def outlier_ids(store, rows: dict[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
+    """{weight: int64 ids of its outlier_count(k, in) input channels with the largest calibrated |x|}."""
+    return {w: np.sort(np.argsort(-np.abs(x).max(axis=0), kind="stable")[:outlier_count(k, store.quant(w).k)]
+                       ).astype(np.int64) for w, x in rows.items()}
+
+
+def smoothing_factors(w: np.ndarray, peak: np.ndarray, alpha: float) -> np.ndarray:
+    """f [in] for w [out, in] and the calibrated input peaks [in]: f_c = max|x_c|^alpha / max|w_c|^(1-alpha),
+    scaled to a geometric mean of 1. A channel that calibration never saw move (or a weight row of zeros)
+    is floored at SMOOTH_FLOOR of the median, so no factor comes from a zero."""
+    ax = np.maximum(peak.astype(np.float64), SMOOTH_FLOOR * max(float(np.median(peak)), 1e-30))
+    aw_raw = np.abs(w).max(axis=0).astype(np.float64)
+    aw = np.maximum(aw_raw, SMOOTH_FLOOR * max(float(np.median(aw_raw)), 1e-30))
+    f = ax ** alpha / aw ** (1.0 - alpha)
+    return (f / np.exp(np.mean(np.log(f)))).astype(np.float32)
 
 
 def _probe_runs(calbin: Path, prompts: list[list[int]], modules: set[str]):
@@ -228,6 +273,48 @@ def add_weights(store, record: dict, outliers: dict[str, np.ndarray], code_range
         store.inline[f"{weight}.outliers.ids"] = ids
         record[f"{weight}.outliers.weight"] = {"kind": "fp32", "module": record[weight]["module"],
                                                "role": "prefill chunks: the float32 input channels of the int8 GEMM"}
+
+
+def smoothed_error(w: np.ndarray, x: np.ndarray, alpha: float) -> float:
+    """The relative output error |y' - y| / |y| (Frobenius) of the smoothed per-token int8 GEMM against
+    x . W over calibration rows x [n, in], for w [out, in]: the graph's rounding simulated (x / f per row
+    on max|.| / 127, round half to even as QuantizeLinear; W x f per output column as _add_rows8)."""
+    f = smoothing_factors(w, np.abs(x).max(axis=0), alpha)
+    xs = x / f
+    sx = np.maximum(np.abs(xs).max(axis=1, keepdims=True), 1e-30) / 127.0
+    ws = w * f[None, :]
+    sw = np.maximum(np.abs(ws).max(axis=1, keepdims=True), 1e-30) / 127.0
+    approx = (np.rint(xs / sx) * sx) @ (np.clip(np.round(ws / sw), -127, 127) * sw).T
+    exact = x @ w.T
+    return float(np.linalg.norm(approx - exact) / max(float(np.linalg.norm(exact)), 1e-30))
+
+
+def smoothing_alpha(w: np.ndarray, x: np.ndarray, alphas: tuple[float, ...] = SMOOTH_ALPHAS) -> tuple[float, float]:
+    """(alpha, its smoothed_error): the migration strength of `alphas` that keeps this projection's output
+    closest to x . W on the calibration rows (the first SEARCH_ROWS of them)."""
+    x = x[:SEARCH_ROWS]
+    return min(((a, smoothed_error(w, x, a)) for a in alphas), key=lambda ae: ae[1])
+
+
+def add_smoothed_weights(store, record: dict, rows: dict[str, np.ndarray], alpha: float | None,
+                         code_range: int = FULL_INT8_RANGE) -> None:
+    """Per projection: the smoothed weights W x f (f = smoothing_factors, per input row) as int8 codes per
+    output column [in, out] with their scales; 1 / f goes inline into the prefill graphs (x / f), the
+    alpha and f's spread into the quantization record. W is the block codes' exact value; alpha None:
+    each projection's own from smoothing_alpha, else this one for all."""
+    for weight, x in rows.items():
+        w = int8_block_values(store, weight)                                                     # [out, in]
+        if alpha is None:
+            chosen, err = smoothing_alpha(w, x)
+            how = f"alpha {chosen:g} of {', '.join(f'{a:g}' for a in SMOOTH_ALPHAS)}: calibration output error {err:.4f}"
+        else:
+            chosen, how = alpha, f"alpha {alpha:g}"
+        f = smoothing_factors(w, np.abs(x).max(axis=0), chosen)
+        role = (f"input channels smoothed (x / f, W rows x f; f = max|x|^a / max|W|^(1-a), {how}; "
+                f"spread {float(f.max() / f.min()):.3g}x)")
+        _add_rows8(store, record, weight, w * f[None, :], np.zeros(0, np.int64), code_range, "per-token int8 GEMM",
+                   role)
+        store.inline[f"{weight}.smooth.inverse"] = (1.0 / f).astype(np.float32)
 
 
 def add_two_level_weights(spec: ModelSpec, store, record: dict, code_range: int = FULL_INT8_RANGE) -> None:
@@ -335,8 +422,10 @@ def two_level_linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: i
 
 
 def linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope: str) -> str:
-    """x [L, S, in] -> [L, S, out] through the per-token int8 GEMM plus the float32 outlier channels, or,
-    for a weight stored without outlier channels (TWO_LEVEL_PREFILL), the two-level int8 GEMM."""
+    """x [L, S, in] -> [L, S, out] through the per-token int8 GEMM, over smoothed inputs or plus the float32
+    outlier channels, or, for a weight stored with neither (TWO_LEVEL_PREFILL), the two-level int8 GEMM."""
+    if f"{weight}.smooth.inverse" in g.weights.inline:
+        return smoothed_linear(g, x, weight, lanes, tokens, scope)
     if f"{weight}.outliers.ids" not in g.weights.inline:
         return two_level_linear(g, x, weight, lanes, tokens, scope)
     info = g.weights.quant(weight)
@@ -351,4 +440,16 @@ def linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope:
     picked = g.op("Gather", [flat, g.const(ids)], name=f"{s}/OutlierChannels", axis=1)           # [R, k]
     outlier = g.op("MatMul", [picked, g.weight(f"{weight}.outliers.weight")], name=f"{s}/OutlierMatMul")
     y = g.op("Add", [scaled, outlier], name=f"{s}/Sum")                                           # [R, out]
+    return g.op("Reshape", [y, g.const([lanes, tokens, info.n])], name=f"{s}/Unflatten")
+
+
+def smoothed_linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope: str) -> str:
+    """x [L, S, in] -> [L, S, out] as (x / f) . (W x f) through the per-token int8 GEMM (add_smoothed_weights)."""
+    info = g.weights.quant(weight)
+    rows, s = lanes * tokens, f"{scope}/RowsInt8"
+    flat = g.op("Reshape", [x, g.const([rows, info.k])], name=f"{s}/Rows")                          # [R, in]
+    smooth = g.op("Mul", [flat, g.const(g.weights.inline[f"{weight}.smooth.inverse"], np.float32)],
+                  name=f"{s}/Smooth")
+    product, row_scale = per_row_int8_product(g, smooth, f"{weight}.rows8", rows, s)             # [R, out], [R, 1]
+    y = g.op("Mul", [product, row_scale], name=f"{s}/Scaled")
     return g.op("Reshape", [y, g.const([lanes, tokens, info.n])], name=f"{s}/Unflatten")

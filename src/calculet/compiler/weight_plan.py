@@ -133,7 +133,8 @@ def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
     tensors += _rope_tables(spec, options.context)
     cpu = detect()   # as compile resolves the pass on this CPU
     if prefill_int8.applicable(options, cpu) is None:
-        tensors += _prefill_int8(tensors, options.prefill_int8_outliers, prefill_int8.float32_prefill(cpu),
+        outliers = 0 if prefill_int8.smooths(options) else options.prefill_int8_outliers
+        tensors += _prefill_int8(tensors, outliers, prefill_int8.float32_prefill(cpu),
                                  prefill_int8.two_level_prefill(cpu))
     for t in tensors:
         if t.fmt.kind in ("int8", "int4") and t.shape[1] % t.fmt.block:
@@ -234,8 +235,9 @@ def _coarse_head(spec: ModelSpec, tensors: list[StoredTensor]) -> list[StoredTen
 
 def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool,
                   two_level: bool) -> list[StoredTensor]:
-    """prefill_int8.add_weights: each int8 projection of prefill_int8.PROJECTED gets per-column int8
-    codes [in, out] with scales, and its float32 outlier input rows [k', out] (one chip: no split);
+    """prefill_int8.add_smoothed_weights / add_weights: each int8 projection of prefill_int8.PROJECTED gets
+    per-column int8 codes [in, out] with scales, and where `k` > 0 (no smoothing) its float32 outlier input
+    rows [k', out] (one chip: no split);
     then, on a CPU without an int8 dot product, add_float32_copies: each int8 weight of
     FLOAT32_PREFILL gets a float32 copy [in, out]; on a CPU with AMX, add_two_level_weights: each
     int8 weight of TWO_LEVEL_PREFILL gets per-column int8 codes [in, out] with scales."""
@@ -243,8 +245,9 @@ def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool,
     for t in tensors:
         if t.fmt.kind == "int8" and t.name.endswith(tuple(PROJECTED)):
             n, h = t.shape
-            out += [StoredTensor(f"{t.name}.rows8", t.module, (n, h), QuantFormat("int8", h, "int8"), COPY),
-                    StoredTensor(f"{t.name}.outliers.weight", t.module, (outlier_count(k, h), n), FP32, COPY)]
+            out.append(StoredTensor(f"{t.name}.rows8", t.module, (n, h), QuantFormat("int8", h, "int8"), COPY))
+            if k:
+                out.append(StoredTensor(f"{t.name}.outliers.weight", t.module, (outlier_count(k, h), n), FP32, COPY))
     if float32_prefill:
         out += [StoredTensor(f"{t.name}.f32", t.module, t.shape, FP32, COPY) for t in tensors
                 if t.fmt.kind == "int8" and t.name.endswith(FLOAT32_PREFILL)]

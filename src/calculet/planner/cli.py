@@ -37,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-int8-outliers", default=None, metavar="K",
                    help="as compile --prefill-int8-outliers (0: off; on a CPU with VNNI the pass stores per-column int8 "
                         "copies of qkv and gate/up; default: compile's)")
+    p.add_argument("--prefill-int8-smooth", default=None, metavar="ALPHA",
+                   help="as compile --prefill-int8-smooth: auto or ALPHA (0: the pass stores float32 outlier rows; "
+                        "default: compile's, 0)")
     p.add_argument("--chips", default="1", help="tensor-parallel chips (default 1)")
     p.add_argument("--device-memory", default=None, metavar="SIZE",
                    help="memory per chip, e.g. 32GiB (required)")
@@ -85,6 +88,9 @@ def _run(args: argparse.Namespace) -> int:
         fusions=parse_fusions(None, args.no_fuse),
         **({} if args.prefill_int8_outliers is None else
            {"prefill_int8_outliers": _integer(args.prefill_int8_outliers, "--prefill-int8-outliers", minimum=0)}),
+        **({} if args.prefill_int8_smooth is None else
+           {"prefill_int8_smooth": None if args.prefill_int8_smooth == "auto" else
+            _alpha(args.prefill_int8_smooth, "--prefill-int8-smooth")}),
     )
     model = load_model(args.source)
     if args.context is None:
@@ -111,6 +117,16 @@ def _integer(text: str, flag: str, minimum: int = 1) -> int:
         raise RequestError("bad_argument", f"{flag} must be a whole number, got {text!r}") from None
     if value < minimum:
         raise RequestError("bad_argument", f"{flag} must be at least {minimum}, got {value}")
+    return value
+
+
+def _alpha(text: str, flag: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise RequestError("bad_argument", f"{flag} must be a number in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise RequestError("bad_argument", f"{flag} must be in [0, 1) (0: float32 outlier channels), got {value}")
     return value
 
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 from calculet.calbin.graphspec import DTYPE_BYTES, KV_DTYPE_OPTIONS
 from calculet.compiler.kv_layout import KV_DTYPE_BUILT, layer_lengths, ring_length
-from calculet.compiler.options import FUSIONS, PREFILL_INT8_OUTLIERS
+from calculet.compiler.options import FUSIONS, PREFILL_INT8_OUTLIERS, PREFILL_INT8_SMOOTH
 from calculet.compiler.quantize import policy_table
 from calculet.compiler.weight_plan import weight_plan
 from calculet.compiler.workspace import workspace_bytes as _workspace
@@ -65,6 +65,7 @@ class PlanRequest:
     prefill_chunk: int = 128          # tokens per prefill step (compile's largest default chunk)
     guard_fraction: float = 0.10      # share of device memory held back
     fusions: frozenset[str] = frozenset(FUSIONS)   # compile's passes; coarse-head adds lm_head copies
+    prefill_int8_smooth: float | None = PREFILL_INT8_SMOOTH   # compile's --prefill-int8-smooth (None: auto; 0: float32 outlier rows too)
     prefill_int8_outliers: int = PREFILL_INT8_OUTLIERS  # compile's prefill-int8 pass (on a VNNI CPU): int8 copies
 
     def __post_init__(self) -> None:
