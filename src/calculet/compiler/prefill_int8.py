@@ -30,7 +30,7 @@ so it is an option, not the default. Measured 2026-12-06 on a 2-core AMD EPYC Ze
 default model: a 1,000-token prefill (benchmarks/prefill_ab.py, 7 alternating rounds, alpha 0.5) 493
 against 603 ms (0.82x; the block kernels 625 ms); per projection on the calibration rows, relative
 output error (mean over layers, qkv / o_proj / gate-up) 0.0066 / 0.0083 / 0.0079 with the float32
-channels, 0.0102 / 0.0089 / 0.0116 smoothed with the best alpha, 0.0095 / 0.0053 / 0.0091 for the
+channels, 0.0102 / 0.0087 / 0.0115 smoothed with the best alpha, 0.0095 / 0.0053 / 0.0091 for the
 block kernels' per-32 activation blocks; on the 100-prompt reference set (docs/NUMERICS.md)
 teacher-forced agreement 0.9753 (float32 channels), 0.9675 (auto), 0.9663 (alpha 0.5).
 
