@@ -106,3 +106,23 @@ def test_two_chips_hold_the_replicated_part_twice_and_the_sharded_part_once(poli
         assert row["bytes"] == one[module]["bytes"], module  # the whole model does not change
     assert two["norm"]["bytes_per_chip"] == one["norm"]["bytes"]            # replicated
     assert 2 * two["attention"]["bytes_per_chip"] == one["attention"]["bytes"]  # split by heads
+
+
+def test_plan_with_smoothing_matches_a_compile_with_it(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """--prefill-int8-smooth auto stores no float32 outlier rows: plan and compile drop the same bytes
+    (on a CPU where the pass runs; CALCULET_CPU_FEATURES names one with VNNI)."""
+    from calculet.compiler.compile import compile_calbin
+    from calculet.compiler.options import CompileOptions
+    from calculet.cpu_features import ENV
+
+    monkeypatch.setenv(ENV, "avx2,fma,f16c,avx512f,avx512_vnni")
+    options = CompileOptions(lanes=LANES, context=CONTEXT, prefill_chunks=(4, 16), golden=False, weights="default",
+                             prefill_int8_smooth=None)
+    manifest = read_manifest(compile_calbin(str(tiny_model_dir("llama")), tmp_path / "m.calbin", options,
+                                            log=lambda _m: None))
+    smoothed = _plan(capsys, tiny_model_dir("llama"), "--weights", "default", "--prefill-int8-smooth", "auto")
+    assert {row["module"]: row["bytes"] for row in smoothed["params"]["rows"]} == _manifest_bytes_per_module(manifest)
+    channels = _plan(capsys, tiny_model_dir("llama"), "--weights", "default")
+    assert smoothed["params"]["weights_file_bytes"] < channels["params"]["weights_file_bytes"]
+    rc = main(["plan", str(tiny_model_dir("llama")), "--device-memory", "1GiB", "--prefill-int8-smooth", "1.5"])
+    assert rc != 0 and "prefill-int8-smooth must be in [0, 1)" in capsys.readouterr().err
