@@ -1,7 +1,8 @@
 """8 rows (an 8-lane decode step) through the body shapes: 8-bit MatMulNBits int8 compute vs per-token
 u8 x u8 MatMulIntegerToFloat (uint8 codes around 128, as the prefill-int8 pass stores them without VNNI)."""
 import sys, time, statistics
-sys.path.insert(0, "/work/main/benchmarks")
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # benchmarks/: matmulnbits_kernels
 import numpy as np
 from onnx import TensorProto, numpy_helper
 import onnxruntime as ort
