@@ -150,7 +150,9 @@ def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
     as `probe:<HF module name>` [L, S, width], in execution order (see `probe_outputs`)."""
     g = GraphBuilder(gs.name, weights, target, fusions, probes=probes and gs.type != HEAD)
     # Decode keeps the block kernels: with AMX the int8 rows were 0.91x at 8 lanes but 1.11x at one
-    # (benchmarks/RESULTS.md, 2026-12-05), and decode_1 and decode_n must share one formulation.
+    # (benchmarks/RESULTS.md, 2026-12-05), on a Zen 5 EPYC 0.98x and 1.04x (2026-12-06 (3)), and decode_1
+    # and decode_n must share one formulation. Without an int8 dot (the AVX2 view) the int8 rows with
+    # down_proj on the blocks took 0.88x at 8 lanes and about 1.0x at one: a candidate, not built.
     if gs.type == PREFILL:
         g.prefill_shape = (gs.lanes, gs.tokens)
     for t in gs.inputs:
