@@ -26,7 +26,7 @@ from calculet.compiler.weights import QuantInfo, WeightStore
 from calculet.cpu_features import ENV, CpuFeatures, detect
 from calculet.runtime.program import Program
 from calbin_weights import stored_weight
-from decoding import generate_on_calbin
+from decoding import generate_on_calbin, greedy_together
 
 VNNI_FLAGS = "avx2,fma,f16c,avx512f,avx512_vnni"
 AMX_FLAGS = VNNI_FLAGS + ",amx_int8"
@@ -155,8 +155,8 @@ def test_without_an_int8_dot_prefill_runs_down_proj_from_a_float32_copy(tiny_mod
         ops = _ops(builds["avx2"], graph)
         assert ops["MatMulNBits"] == 0 and ops["MatMulIntegerToFloat"] == 3 * layers, ops
     assert _ops(builds["vnni"], "prefill_16")["MatMulNBits"] == layers
-    for graph in ("decode_1", "decode_2"):
-        assert _ops(builds["avx2"], graph)["MatMulNBits"] == 4 * layers
+    for graph in ("decode_1", "decode_2"):   # decode-int8: down_proj keeps its block kernel there
+        assert _ops(builds["avx2"], graph)["MatMulNBits"] == layers
     name = "model.layers.1.mlp.down_proj.weight"
     codes, scales = stored_weight(builds["avx2"], f"{name}.qcodes"), stored_weight(builds["avx2"], f"{name}.qscales")
     fmt = m.quantization.tensors[f"{name}.f32"]
@@ -171,6 +171,40 @@ def test_without_an_int8_dot_prefill_runs_down_proj_from_a_float32_copy(tiny_mod
     assert {g.name: avx2._prepacks(g) for g in avx2.graphs} == {
         "prefill_4": False, "prefill_16": True, "decode_1": True, "decode_2": True, "head_1": True, "head_2": True}
     assert all(vnni._prepacks(g) for g in vnni.graphs)
+
+
+def test_without_an_int8_dot_decode_runs_the_int8_rows_and_batched_equals_alone(tiny_model_dir, tmp_path, monkeypatch):
+    """decode-int8: where the CPU has no int8 dot, every decode graph (decode_1 and decode_n alike) runs qkv,
+    o_proj and gate/up on the pass's u8 x u8 rows with down_proj on its block kernel, not the float32 copy;
+    the manifest lists the pass; --no-decode-int8 and a VNNI build keep decode on the block kernels. A
+    prompt decoded alone gives the tokens it gives beside others (per-row scales: no row depends on
+    another), and its logits stay as close to the fp32 build's as the block kernels' are."""
+    monkeypatch.setenv(ENV, "avx2,fma,f16c")
+    path = _compile(tiny_model_dir("llama"), tmp_path / "avx2.calbin", 32)
+    off = _compile(tiny_model_dir("llama"), tmp_path / "avx2-off.calbin", 32, decode_int8=False)
+    m = read_manifest(path)
+    layers = m.model.hyperparameters.num_layers
+    assert "decode-int8" in m.passes and "decode-int8" not in read_manifest(off).passes
+    for graph in ("decode_1", "decode_2"):
+        ops = _ops(path, graph)
+        assert ops["MatMulIntegerToFloat"] == 3 * layers and ops["MatMulNBits"] == layers, ops
+        assert ops["MatMul"] == 3 * layers, ops                   # the float32 outlier channels; no f32 down_proj
+        assert _ops(off, graph)["MatMulNBits"] == 4 * layers
+    monkeypatch.setenv(ENV, VNNI_FLAGS)
+    vnni = _compile(tiny_model_dir("llama"), tmp_path / "vnni.calbin", 32)
+    assert "decode-int8" not in read_manifest(vnni).passes and _ops(vnni, "decode_2")["MatMulNBits"] == 4 * layers
+    from calculet.runtime.device import Device
+
+    prompts = [np.random.default_rng(s).integers(3, 300, size=n).tolist() for s, n in ((1, 9), (2, 21))]
+    d = Device()
+    d.configure(d.load(path))
+    try:
+        together = greedy_together(d, prompts, 8)
+        alone = [greedy_together(d, [p], 8)[0] for p in prompts]
+    finally:
+        d.close()
+    assert together == alone
+    _assert_as_close_to_fp32_as_the_blocks(tiny_model_dir("llama"), path, tmp_path)
 
 
 def test_with_amx_prefill_runs_down_proj_as_the_two_level_int8_gemm(tiny_model_dir, tmp_path, monkeypatch):

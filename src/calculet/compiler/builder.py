@@ -25,7 +25,8 @@ class GraphBuilder:
         self.probing = probes  # debug build: module outputs become extra graph outputs (see probe())
         self.probes: list[tuple[str, str, int, int | None]] = []  # (module, value, width, positions)
         self.probe_positions: int | None = None  # tokens per lane from here on when not the graph's S
-        self.prefill_shape: tuple[int, int] | None = None  # (lanes, tokens) of a prefill graph (prefill_int8)
+        self.prefill_shape: tuple[int, int] | None = None  # (lanes, tokens) of a graph on the prefill-int8 pass's rows
+        self.float32_copies = True   # prefill_shape graphs run FLOAT32_PREFILL copies (False: decode keeps the blocks)
         self._nodes = []
         self._inputs = []
         self._outputs = []

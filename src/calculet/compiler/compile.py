@@ -187,8 +187,10 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
     if options.chips > 1:  # per-chip graphs, written with their weights after the base manifest exists
         builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile, source, family)
     else:
+        decode_int8 = prefill_int8.decode_int8(options, isa.compile_cpu if isa is not None else None)
         for n, gs in enumerate(signatures):
-            model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes)
+            model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes,
+                                  decode_int8=decode_int8)
             if options.probes:  # the manifest lists every output, the probes too
                 signatures[n] = gs = replace(gs, outputs=gs.outputs + G.probe_outputs(model))
             onnx.save_model(model, str(folder / gs.file))
@@ -217,7 +219,9 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         golden=golden,
         toolchain=Toolchain(*(versions[k] for k in ("calculet", "onnx", "onnxruntime", "numpy", "python"))),
         files={},
-        passes=tuple(sorted(options.fusions)) + (("prefill-int8",) if options.prefill_int8_outliers else ()),
+        passes=tuple(sorted(options.fusions)) + (("prefill-int8",) if options.prefill_int8_outliers else ())
+        + (("decode-int8",) if options.chips == 1 and prefill_int8.decode_int8(options, isa.compile_cpu if isa else None)
+           else ()),
         provenance=provenance(source.kind, source.path, source_arg, options, versions),
         isa=isa,
     )

@@ -49,6 +49,7 @@ class CompileOptions:
     kv_rings: bool = True        # sliding-window layers keep a ring of window + largest chunk rows (compiler/kv_layout.py)
     kv_dtype: str = "fp32"       # --kv-dtype: a KV_DTYPE_OPTIONS name (kv_layout.kv_dtype_problem: which runs where)
     prefill_int8_outliers: int = PREFILL_INT8_OUTLIERS  # the prefill-int8 pass (compiler/prefill_int8.py): float32 input channels per projection; 0: off
+    decode_int8: bool = True     # --no-decode-int8: keep decode on the block kernels where the pass would move it (prefill_int8.decode_int8)
     prefill_int8_smooth: float | None = PREFILL_INT8_SMOOTH   # 0: float32 outlier channels; None: smoothing, alpha searched per projection; else smoothing with this alpha
 
     @property
