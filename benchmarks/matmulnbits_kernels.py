@@ -45,11 +45,12 @@ def session(bits: int, accuracy_level: int, n: int, k: int, block: int, threads:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def rows8_session(n: int, k: int, rows: int, threads: int):
+def rows8_session(n: int, k: int, rows: int, threads: int, unsigned: bool = False):
     """The prefill-int8 pass's GEMM built by the pass itself (prefill_int8.per_row_int8_product, then the
     row scales' Mul; no outlier channels): each row of A quantized to uint8 on its own scale, u8 x s8
-    `MatMulIntegerToFloat` over int8 codes per output column. Its graph has a static row count, so one
-    session per row count; the per-row quantize is part of the time."""
+    `MatMulIntegerToFloat` over int8 codes per output column (`unsigned`: the same codes as uint8 + 128, the
+    exact u8 x u8 kernel the pass stores without VNNI). Its graph has a static row count, so one session per
+    row count; the per-row quantize is part of the time."""
     import onnxruntime as ort
     from onnx import TensorProto, numpy_helper
 
@@ -59,7 +60,8 @@ def rows8_session(n: int, k: int, rows: int, threads: int):
 
     rng = np.random.default_rng(0)
     store = WeightStore()
-    store.add("w.weight", rng.integers(-127, 128, size=(k, n), dtype=np.int8))                   # [in, out]
+    codes = rng.integers(-127, 128, size=(k, n), dtype=np.int8)                                   # [in, out]
+    store.add("w.weight", (codes.astype(np.int16) + 128).astype(np.uint8) if unsigned else codes)
     store.add("w.scale", (rng.random(n, dtype=np.float32) * 0.01).astype(np.float32))
     g = GraphBuilder("rows8", store)
     g.input("A", np.dtype(np.float32), (rows, k))

@@ -290,6 +290,15 @@ def _run(g: GraphBuilder, store: WeightStore, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
+def _linear_output(store: WeightStore, name: str, x: np.ndarray) -> np.ndarray:
+    """prefill_int8.linear of `name` (its weights already added to `store`) on x [1, rows, in]."""
+    _, rows, k_in = x.shape
+    g = GraphBuilder("t", store)
+    g.input("x", np.dtype(np.float32), (1, rows, k_in))
+    g.output(prefill_int8.linear(g, "x", name, 1, rows, "/t"), "y", np.dtype(np.float32), (1, rows, store.quant(name).n))
+    return _run(g, store, x)
+
+
 @needs_int8_dot
 def test_outlier_channels_keep_the_product_close_where_per_token_scales_alone_do_not():
     """x with a few huge channels (Gemma's residual stream): per-token int8 alone loses the small ones;
@@ -308,10 +317,7 @@ def test_outlier_channels_keep_the_product_close_where_per_token_scales_alone_do
                  ).reshape(n_out, k_in)
         record = {name: {"module": "attention"}}
         prefill_int8.add_weights(store, record, {name: np.asarray(ids, np.int64)})
-        g = GraphBuilder("t", store)
-        g.input("x", np.dtype(np.float32), (1, rows, k_in))
-        g.output(prefill_int8.linear(g, "x", name, 1, rows, "/t"), "y", np.dtype(np.float32), (1, rows, n_out))
-        y = _run(g, store, x)
+        y = _linear_output(store, name, x)
         errors[k] = float(np.abs(y - x @ exact.T).max() / np.abs(x @ exact.T).max())
     assert errors[3] < 0.01, errors
     assert errors[0] > 5 * errors[3], errors
@@ -347,10 +353,7 @@ def test_smoothing_keeps_the_product_close_where_per_token_scales_alone_do_not()
         exact = ((store.array(f"{name}.qcodes").astype(np.float32) - 128) * store.array(f"{name}.qscales")[:, :, None]
                  ).reshape(n_out, k_in)
         prefill_int8.add_smoothed_weights(store, {name: {"module": "attention"}}, {name: x[0]}, alpha)  # calibrated on x
-        g = GraphBuilder("t", store)
-        g.input("x", np.dtype(np.float32), (1, rows, k_in))
-        g.output(prefill_int8.linear(g, "x", name, 1, rows, "/t"), "y", np.dtype(np.float32), (1, rows, n_out))
-        y = _run(g, store, x)
+        y = _linear_output(store, name, x)
         errors[alpha] = float(np.abs(y - x @ exact.T).max() / np.abs(x @ exact.T).max())
     assert errors[0.5] < 0.02, errors
     assert errors[1e-9] > 3 * errors[0.5], errors
@@ -377,11 +380,8 @@ def test_the_searched_alpha_is_the_one_whose_graph_is_closest():
     record = {name: {"module": "mlp"}}
     prefill_int8.add_smoothed_weights(store, record, {name: x[0]}, None)
     assert f"alpha {alpha:g} of" in record[f"{name}.rows8"]["role"]
-    g = GraphBuilder("t", store)
-    g.input("x", np.dtype(np.float32), (1, rows, k_in))
-    g.output(prefill_int8.linear(g, "x", name, 1, rows, "/t"), "y", np.dtype(np.float32), (1, rows, n_out))
     exact = x[0] @ exact_w.T
-    graph_err = float(np.linalg.norm(_run(g, store, x)[0] - exact) / np.linalg.norm(exact))
+    graph_err = float(np.linalg.norm(_linear_output(store, name, x)[0] - exact) / np.linalg.norm(exact))
     assert abs(graph_err - err) <= 0.05 * err, (graph_err, err)
 
 

@@ -4,35 +4,13 @@ import sys, time, statistics
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # benchmarks/: matmulnbits_kernels
 import numpy as np
-from onnx import TensorProto, numpy_helper
-import onnxruntime as ort
-from matmulnbits_kernels import session
-from calculet.compiler.builder import GraphBuilder
-from calculet.compiler.prefill_int8 import per_row_int8_product
-from calculet.compiler.weights import WeightStore
+from matmulnbits_kernels import rows8_session, session
 from calculet.cpu_features import detect
-
-def rows8(n, k, rows, unsigned):
-    rng = np.random.default_rng(0)
-    store = WeightStore()
-    w = rng.integers(-127, 128, size=(k, n), dtype=np.int8)
-    store.add("w.weight", (w.astype(np.int16) + 128).astype(np.uint8) if unsigned else w)
-    store.add("w.scale", (rng.random(n, dtype=np.float32) * 0.01).astype(np.float32))
-    g = GraphBuilder("rows8", store)
-    g.input("A", np.dtype(np.float32), (rows, k))
-    product, scale = per_row_int8_product(g, "A", "w", rows, "/rows8")
-    g.output(g.op("Mul", [product, scale], name="/rows8/Scaled"), "Y", np.dtype(np.float32), (rows, n))
-    model = g.build()
-    for init in model.graph.initializer:
-        if init.data_location == TensorProto.EXTERNAL:
-            init.CopyFrom(numpy_helper.from_array(store.array(init.name), init.name))
-    o = ort.SessionOptions(); o.intra_op_num_threads = 2
-    return ort.InferenceSession(model.SerializeToString(), o, providers=["CPUExecutionProvider"])
 
 print(detect().label if hasattr(detect(), "label") else detect())
 rows = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 for name, n, k in (("qkv", 1536, 640), ("o_proj", 640, 1024), ("gate_up", 4096, 640), ("down", 640, 2048)):
-    s = {"blocks8": session(8, 4, n, k, 32, 2), "u8u8": rows8(n, k, rows, True), "u8s8": rows8(n, k, rows, False)}
+    s = {"blocks8": session(8, 4, n, k, 32, 2), "u8u8": rows8_session(n, k, rows, 2, True), "u8s8": rows8_session(n, k, rows, 2, False)}
     a = np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)
     t = {key: [] for key in s}
     for _ in range(7):

@@ -184,10 +184,10 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
                                 kv.layer_lengths, kv.dtype,
                                 G.has_row_scaled_heads(weights, options.target, options.sampling_head_k))
     builds = None
+    decode_int8 = options.chips == 1 and prefill_int8.decode_int8(options, isa.compile_cpu if isa is not None else None)
     if options.chips > 1:  # per-chip graphs, written with their weights after the base manifest exists
         builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile, source, family)
     else:
-        decode_int8 = prefill_int8.decode_int8(options, isa.compile_cpu if isa is not None else None)
         for n, gs in enumerate(signatures):
             model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes,
                                   decode_int8=decode_int8)
@@ -220,8 +220,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
         toolchain=Toolchain(*(versions[k] for k in ("calculet", "onnx", "onnxruntime", "numpy", "python"))),
         files={},
         passes=tuple(sorted(options.fusions)) + (("prefill-int8",) if options.prefill_int8_outliers else ())
-        + (("decode-int8",) if options.chips == 1 and prefill_int8.decode_int8(options, isa.compile_cpu if isa else None)
-           else ()),
+        + (("decode-int8",) if decode_int8 else ()),
         provenance=provenance(source.kind, source.path, source_arg, options, versions),
         isa=isa,
     )

@@ -149,13 +149,13 @@ def projections(spec: ModelSpec, store) -> list[Projection]:
 def smooths(options) -> bool:
     """Whether the pass smooths its inputs (--prefill-int8-smooth auto or an alpha) rather than keeping
     float32 outlier channels (0)."""
-    alpha = getattr(options, "prefill_int8_smooth", None)
+    alpha = getattr(options, "prefill_int8_smooth", 0.0)   # CompileOptions' and PlanRequest's default
     return alpha is None or alpha > 0
 
 
 def decode_int8(options, cpu: CpuFeatures | None) -> bool:
     """Whether decode graphs run the pass's int8 rows as well (qkv, o_proj, gate/up; down_proj keeps its
-    block kernel): where the pass runs on x86 without an int8 dot (`--decode-int8 auto`, the default), where
+    block kernel): where the pass runs on x86 without an int8 dot (the default; `--no-decode-int8` keeps the blocks), where
     ONNX Runtime emulates the 8-bit block kernel's dot products and the exact u8 x u8 GEMM beats it at 8
     lanes (the AVX2 view of a Zen 5 EPYC: the 8-lane step 0.88x, one lane about 1.0x, 8 streams 212
     against 186 tok/s); with VNNI or AMX it did not pay (0.98x and 0.91x at 8 lanes, 1.04x and 1.11x at one)."""
