@@ -158,7 +158,8 @@ def decode_int8(options, cpu: CpuFeatures | None) -> bool:
     block kernel): where the pass runs on x86 without an int8 dot (the default; `--no-decode-int8` keeps the blocks), where
     ONNX Runtime emulates the 8-bit block kernel's dot products and the exact u8 x u8 GEMM beats it at 8
     lanes (the AVX2 view of a Zen 5 EPYC: the 8-lane step 0.88x, one lane about 1.0x, 8 streams 212
-    against 186 tok/s); with VNNI or AMX it did not pay (0.98x and 0.91x at 8 lanes, 1.04x and 1.11x at one)."""
+    against 186 tok/s; of a Zen 4 EPYC: 8 streams 1.04x, one stream 0.92x); with VNNI or AMX it did not pay
+    (0.98x and 0.91x at 8 lanes, 1.04x and 1.11x at one)."""
     if cpu is None or not getattr(options, "decode_int8", True) or not getattr(options, "prefill_int8_outliers", 0):
         return False
     return float32_prefill(cpu)
