@@ -33,18 +33,22 @@ ROWS8 = "int8 rows (prefill-int8)"   # the column after the blocks: rows8_sessio
 TWO_LEVEL = "two-level int8 rows"    # --two-level's column: two_level_session
 
 
-def spin_as_the_runtime(options) -> None:
-    """The runtime's thread pools (DeviceConfig.spinning "run"): spin while a call runs, stop when it ends.
-    ONNX Runtime's default keeps a session's threads spinning after its call, on the cores the next
-    session's call then needs: alternating sessions timed each other's spinning (a 128-row call of the
-    int8 rows 3.4 ms that way, 1.0 ms alone, Zen 4)."""
+def open_session(model, threads: int):
+    """An ONNX Runtime session on `model` whose thread pool spins as the runtime's do (DeviceConfig.spinning
+    "run": spin while a call runs, stop when it ends). ONNX Runtime's default keeps a session's threads
+    spinning after its call, on the cores the next session's call then needs: alternating sessions timed
+    each other's spinning (a 128-row call of the int8 rows 3.4 ms that way, 1.0 ms alone, Zen 4)."""
+    import onnxruntime as ort
+
     from calculet.runtime.program import session_spinning
 
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
     session_spinning(options, "run")
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def session(bits: int, accuracy_level: int, n: int, k: int, block: int, threads: int):
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -56,10 +60,7 @@ def session(bits: int, accuracy_level: int, n: int, k: int, block: int, threads:
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])],
                               [numpy_helper.from_array(codes, "B"), numpy_helper.from_array(scales, "scales")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    spin_as_the_runtime(options)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return open_session(model, threads)
 
 
 def _rows8_store(n: int, k: int, unsigned: bool):
@@ -78,17 +79,14 @@ def _rows8_store(n: int, k: int, unsigned: bool):
 
 
 def _inline_session(g, store, threads: int):
-    import onnxruntime as ort
+    """open_session on the graph `g` builds, with the store's weights inline (a calbin keeps them in weights.bin)."""
     from onnx import TensorProto, numpy_helper
 
     model = g.build()
-    for init in model.graph.initializer:   # the store's weights inline (a calbin keeps them in weights.bin)
+    for init in model.graph.initializer:
         if init.data_location == TensorProto.EXTERNAL:
             init.CopyFrom(numpy_helper.from_array(store.array(init.name), init.name))
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    spin_as_the_runtime(options)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return open_session(model, threads)
 
 
 def rows8_session(n: int, k: int, rows: int, threads: int, unsigned: bool = False):
