@@ -62,7 +62,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-decode-int8", action="store_true",
                    help="keep decode steps on the block kernels. By default, where the prefill-int8 pass runs on an x86 "
                         "CPU without an int8 dot product (AVX2 only), decode steps run its int8 rows too (qkv, o_proj, "
-                        "gate/up as the exact u8 x u8 GEMM; down_proj on the block kernel): 0.88x the 8-lane step")
+                        "gate/up as the exact u8 x u8 GEMM; down_proj on the block kernel): 0.88x the 8-lane step on a Zen 5's "
+                        "AVX2 view; one stream may pay (0.92x the blocks' tok/s on a Zen 4's view)")
     p.add_argument("--prefill-int8-smooth", default="0", metavar="auto|ALPHA",
                    help="the prefill-int8 pass smooths each projection's input channels instead of keeping K of them in "
                         "float32: x / f through the int8 GEMM with W's rows times f, f = max|x|^ALPHA / max|W|^(1-ALPHA) "
