@@ -23,7 +23,7 @@ from calculet.compiler.compile import compile_calbin
 from calculet.compiler.options import CompileOptions
 from calculet.compiler.quantize import QuantFormat, quantize
 from calculet.compiler.weights import QuantInfo, WeightStore
-from calculet.cpu_features import ENV, CpuFeatures, detect
+from calculet.cpu_features import ENV, FULL_INT8_RANGE, CpuFeatures, detect
 from calculet.runtime.program import Program
 from calbin_weights import stored_weight
 from decoding import generate_on_calbin, greedy_together
@@ -321,6 +321,29 @@ def test_outlier_channels_keep_the_product_close_where_per_token_scales_alone_do
         errors[k] = float(np.abs(y - x @ exact.T).max() / np.abs(x @ exact.T).max())
     assert errors[3] < 0.01, errors
     assert errors[0] > 5 * errors[3], errors
+
+
+@pytest.mark.parametrize("code_range", [FULL_INT8_RANGE, 63])
+def test_a_row_of_zeros_gives_zeros_and_leaves_its_neighbours_alone(code_range):
+    """row_scales has no floor: a row whose inliers are all zero gets scale 0, and its output is exactly
+    the float32 outlier product (here 0 as well), finite; the other rows equal the same rows run alone."""
+    rng = np.random.default_rng(3)
+    k_in, n_out, rows, name = 128, 64, 4, "model.layers.0.mlp.gate_up_proj.weight"
+    w = rng.standard_normal((n_out, k_in)).astype(np.float32) * 0.05
+    store = _store_with(w, name)
+    prefill_int8.add_weights(store, {name: {"module": "mlp"}}, {name: np.array([5, 77])}, code_range)
+    x = rng.standard_normal((1, rows, k_in)).astype(np.float32)
+    x[0, 1] = 0.0                                       # every channel
+    x[0, 3] = 0.0
+    x[0, 3, [5, 77]] = 40.0                             # outliers only: the int8 part sees zeros
+    y = _linear_output(store, name, x)
+    assert np.isfinite(y).all()
+    assert not y[0, 1].any()
+    outliers = store.array(f"{name}.outliers.weight")   # [k, out]
+    np.testing.assert_allclose(y[0, 3], x[0, 3, [5, 77]] @ outliers, rtol=1e-6)
+    for r in (0, 2):
+        alone = _linear_output(store, name, x[:, r:r + 1])
+        np.testing.assert_array_equal(y[0, r], alone[0, 0])
 
 
 @needs_int8_dot

@@ -375,18 +375,20 @@ def has_float32_copy(store, weight: str) -> bool:
     return f"{weight}.f32" in store
 
 
-def row_scales(g: GraphBuilder, x: str, rows_n: int, scope: str) -> tuple[str, str]:
-    """x [R, H] -> (s [R, 1], s as [R]): s = max|x| / 127 per row (at least 1e-30 / 127)."""
+def row_scales(g: GraphBuilder, x: str, scope: str) -> str:
+    """x [R, H] -> s [R, 1]: s = max|x| / 127 per row. A row of zeros gets s = 0: its codes are then
+    arbitrary but finite, and its product times s is 0, as x . W is (so no floor is needed; measured
+    per node, a floor's Max was one of the ~1 us dispatches that make up decode-int8's glue)."""
     peak = g.op("ReduceMax", [g.op("Abs", [x], name=f"{scope}/Abs"), g.const([1])], name=f"{scope}/RowMax",
                 keepdims=1)                                                                        # [R, 1]
-    scale = g.op("Div", [g.op("Max", [peak, g.const(1e-30, np.float32)], name=f"{scope}/Floor"),
-                         g.const(127.0, np.float32)], name=f"{scope}/RowScale")                    # [R, 1]
-    return scale, g.op("Reshape", [scale, g.const([rows_n])], name=f"{scope}/Scales")
+    return g.op("Div", [peak, g.const(127.0, np.float32)], name=f"{scope}/RowScale")              # [R, 1]
 
 
-def row_codes(g: GraphBuilder, x: str, flat_scale: str, rows_n: int, name: str) -> str:
-    """x [R, H] as uint8 codes around 128 on one scale per row (flat_scale [R])."""
-    return g.op("QuantizeLinear", [x, flat_scale, g.const(np.full(rows_n, 128), np.uint8)], name=name, axis=0)
+def row_codes(g: GraphBuilder, x: str, scale: str, rows_n: int, width: int, name: str) -> str:
+    """x [R, H] as uint8 codes around 128 on one scale per row (scale [R, 1]): QuantizeLinear's blocked
+    form with one block per row, which takes the [R, 1] scale as it is (no reshape to [R])."""
+    return g.op("QuantizeLinear", [x, scale, g.const(np.full((rows_n, 1), 128), np.uint8)], name=name, axis=1,
+                block_size=width)
 
 
 def int8_product(g: GraphBuilder, codes: str, weight: str, scope: str) -> str:
@@ -406,8 +408,8 @@ def per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scop
     Every row gets its own scale, so a row's result never depends on the other rows of the batch
     (DynamicQuantizeMatMul's one scale per tensor let one lane's outlier activations coarsen its
     neighbours' candidates: the 8-row head then missed tokens the 1-row head found)."""
-    scale, flat = row_scales(g, x, rows_n, scope)
-    codes = row_codes(g, x, flat, rows_n, f"{scope}/QuantizeRows")
+    scale = row_scales(g, x, scope)
+    codes = row_codes(g, x, scale, rows_n, g.weights.array(f"{weight}.weight").shape[0], f"{scope}/QuantizeRows")
     return int8_product(g, codes, weight, scope), scale
 
 
@@ -417,14 +419,13 @@ def two_level_linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: i
     info = g.weights.quant(weight)
     rows, s = lanes * tokens, f"{scope}/TwoLevelInt8"
     flat = g.op("Reshape", [x, g.const([rows, info.k])], name=f"{s}/Rows")                          # [R, in]
-    s1, s1_flat = row_scales(g, flat, rows, s)
-    q1 = row_codes(g, flat, s1_flat, rows, f"{s}/QuantizeRows")
-    back = g.op("DequantizeLinear", [q1, s1_flat, g.const(np.full(rows, 128), np.uint8)], name=f"{s}/Dequantize",
-                axis=0)
+    s1 = row_scales(g, flat, s)                                                                    # [R, 1]
+    q1 = row_codes(g, flat, s1, rows, info.k, f"{s}/QuantizeRows")
+    back = g.op("DequantizeLinear", [q1, s1, g.const(np.full((rows, 1), 128), np.uint8)], name=f"{s}/Dequantize",
+                axis=1, block_size=info.k)
     residue = g.op("Sub", [flat, back], name=f"{s}/Residue")
     s2 = g.op("Div", [s1, g.const(RESIDUE_STEPS, np.float32)], name=f"{s}/ResidueScale")           # [R, 1]
-    s2_flat = g.op("Reshape", [s2, g.const([rows])], name=f"{s}/ResidueScales")
-    q2 = row_codes(g, residue, s2_flat, rows, f"{s}/QuantizeResidue")
+    q2 = row_codes(g, residue, s2, rows, info.k, f"{s}/QuantizeResidue")
     both = g.op("Concat", [q1, q2], name=f"{s}/Levels", axis=0)                                    # [2R, in]
     product = int8_product(g, both, f"{weight}.rows8", s)                                            # [2R, out]
     scaled = g.op("Mul", [product, g.op("Concat", [s1, s2], name=f"{s}/LevelScales", axis=0)], name=f"{s}/Scaled")
