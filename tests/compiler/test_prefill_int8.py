@@ -155,8 +155,8 @@ def test_without_an_int8_dot_prefill_runs_down_proj_from_a_float32_copy(tiny_mod
         ops = _ops(builds["avx2"], graph)
         assert ops["MatMulNBits"] == 0 and ops["MatMulIntegerToFloat"] == 3 * layers, ops
     assert _ops(builds["vnni"], "prefill_16")["MatMulNBits"] == layers
-    for graph in ("decode_1", "decode_2"):   # decode-int8: down_proj keeps its block kernel there
-        assert _ops(builds["avx2"], graph)["MatMulNBits"] == layers
+    for graph in ("decode_1", "decode_2"):   # decode-int8 moves gate/up only; down_proj keeps its block kernel there
+        assert _ops(builds["avx2"], graph)["MatMulNBits"] == 3 * layers
     name = "model.layers.1.mlp.down_proj.weight"
     codes, scales = stored_weight(builds["avx2"], f"{name}.qcodes"), stored_weight(builds["avx2"], f"{name}.qscales")
     fmt = m.quantization.tensors[f"{name}.f32"]
@@ -174,37 +174,43 @@ def test_without_an_int8_dot_prefill_runs_down_proj_from_a_float32_copy(tiny_mod
 
 
 def test_without_an_int8_dot_decode_runs_the_int8_rows_and_batched_equals_alone(tiny_model_dir, tmp_path, monkeypatch):
-    """decode-int8: where the CPU has no int8 dot, every decode graph (decode_1 and decode_n alike) runs qkv,
-    o_proj and gate/up on the pass's u8 x u8 rows with down_proj on its block kernel, not the float32 copy;
-    the manifest lists the pass; --no-decode-int8 and a VNNI build keep decode on the block kernels. A
-    prompt decoded alone gives the tokens it gives beside others (per-row scales: no row depends on
-    another), and its logits stay as close to the fp32 build's as the block kernels' are."""
+    """decode-int8: where the CPU has no int8 dot, every decode graph (decode_1 and decode_n alike) runs
+    gate/up (by default; --decode-int8 all: qkv and o_proj too) on the pass's u8 x u8 rows, the others and
+    down_proj on their block kernels, never the float32 copy; the manifest lists the pass; --decode-int8 off
+    and a VNNI build keep decode on the block kernels. A prompt decoded alone gives the tokens it gives
+    beside others (per-row scales: no row depends on another), and its logits stay as close to the fp32
+    build's as the block kernels' are, in both formulations."""
     monkeypatch.setenv(ENV, "avx2,fma,f16c")
     path = _compile(tiny_model_dir("llama"), tmp_path / "avx2.calbin", 32)
-    off = _compile(tiny_model_dir("llama"), tmp_path / "avx2-off.calbin", 32, decode_int8=False)
+    every = _compile(tiny_model_dir("llama"), tmp_path / "avx2-all.calbin", 32, decode_int8="all")
+    off = _compile(tiny_model_dir("llama"), tmp_path / "avx2-off.calbin", 32, decode_int8="off")
     m = read_manifest(path)
     layers = m.model.hyperparameters.num_layers
-    assert "decode-int8" in m.passes and "decode-int8" not in read_manifest(off).passes
+    assert "decode-int8" in m.passes and "decode-int8" in read_manifest(every).passes
+    assert "decode-int8" not in read_manifest(off).passes
     for graph in ("decode_1", "decode_2"):
-        ops = _ops(path, graph)
-        assert ops["MatMulIntegerToFloat"] == 3 * layers and ops["MatMulNBits"] == layers, ops
-        assert ops["MatMul"] == 3 * layers, ops                   # the float32 outlier channels; no f32 down_proj
+        for build, moved in ((path, 1), (every, 3)):
+            ops = _ops(build, graph)
+            assert ops["MatMulIntegerToFloat"] == moved * layers and ops["MatMulNBits"] == (4 - moved) * layers, ops
+            assert ops["MatMul"] == moved * layers, ops          # the float32 outlier channels; no f32 down_proj
         assert _ops(off, graph)["MatMulNBits"] == 4 * layers
+    assert _ops(path, "prefill_16")["MatMulIntegerToFloat"] == 3 * layers   # prefill keeps all three
     monkeypatch.setenv(ENV, VNNI_FLAGS)
     vnni = _compile(tiny_model_dir("llama"), tmp_path / "vnni.calbin", 32)
     assert "decode-int8" not in read_manifest(vnni).passes and _ops(vnni, "decode_2")["MatMulNBits"] == 4 * layers
     from calculet.runtime.device import Device
 
     prompts = [np.random.default_rng(s).integers(3, 300, size=n).tolist() for s, n in ((1, 9), (2, 21))]
-    d = Device()
-    d.configure(d.load(path))
-    try:
-        together = greedy_together(d, prompts, 8)
-        alone = [greedy_together(d, [p], 8)[0] for p in prompts]
-    finally:
-        d.close()
-    assert together == alone
-    _assert_as_close_to_fp32_as_the_blocks(tiny_model_dir("llama"), path, tmp_path)
+    for build in (path, every):
+        d = Device()
+        d.configure(d.load(build))
+        try:
+            together = greedy_together(d, prompts, 8)
+            alone = [greedy_together(d, [p], 8)[0] for p in prompts]
+        finally:
+            d.close()
+        assert together == alone
+        _assert_as_close_to_fp32_as_the_blocks(tiny_model_dir("llama"), build, tmp_path)
 
 
 def test_with_amx_prefill_runs_down_proj_as_the_two_level_int8_gemm(tiny_model_dir, tmp_path, monkeypatch):
@@ -254,6 +260,13 @@ def test_the_pass_stays_off_where_it_cannot_run():
         CompileOptions(prefill_int8_outliers=-1)
     with pytest.raises(Exception, match=r"prefill-int8-smooth must be auto or in \[0, 1\)"):
         CompileOptions(prefill_int8_smooth=1.5)
+    with pytest.raises(Exception, match="--decode-int8 must be one of gate-up, all, off, got 'qkv'"):
+        CompileOptions(decode_int8="qkv")
+    assert prefill_int8.decode_int8(CompileOptions(), AVX2) == (".mlp.gate_up_proj.weight",)
+    assert prefill_int8.decode_int8(CompileOptions(decode_int8="all"), AVX2) == tuple(prefill_int8.PROJECTED)
+    assert prefill_int8.decode_int8(CompileOptions(decode_int8="off"), AVX2) == ()
+    assert prefill_int8.decode_int8(CompileOptions(), vnni) == ()
+    assert prefill_int8.decode_int8(CompileOptions(prefill_int8_outliers=0), AVX2) == ()
     from calculet.compiler.cli import parse_smooth
     assert parse_smooth("auto") is None and parse_smooth("0.6") == 0.6
     with pytest.raises(Exception, match="auto or a number"):

@@ -27,12 +27,17 @@ class GraphBuilder:
         self.probe_positions: int | None = None  # tokens per lane from here on when not the graph's S
         self.prefill_shape: tuple[int, int] | None = None  # (lanes, tokens) of a graph on the prefill-int8 pass's rows
         self.float32_copies = True   # prefill_shape graphs run FLOAT32_PREFILL copies (False: decode keeps the blocks)
+        self.int8_rows: tuple[str, ...] | None = None   # prefill_shape graphs: the weight suffixes on the int8 rows (None: all)
         self._nodes = []
         self._inputs = []
         self._outputs = []
         self._initializers = {}
         self._consts = {}
         self._renames: dict[str, str] = {}
+
+    def on_int8_rows(self, weight: str) -> bool:
+        """Whether this graph runs `weight` on the prefill-int8 pass's rows, where the store has them."""
+        return self.prefill_shape is not None and (self.int8_rows is None or weight.endswith(self.int8_rows))
 
     # --- graph interface -------------------------------------------------------------------
     def input(self, name: str, dtype, shape) -> str:

@@ -184,7 +184,7 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
                                 kv.layer_lengths, kv.dtype,
                                 G.has_row_scaled_heads(weights, options.target, options.sampling_head_k))
     builds = None
-    decode_int8 = options.chips == 1 and prefill_int8.decode_int8(options, isa.compile_cpu if isa is not None else None)
+    decode_int8 = prefill_int8.decode_int8(options, isa.compile_cpu if isa is not None else None) if options.chips == 1 else ()
     if options.chips > 1:  # per-chip graphs, written with their weights after the base manifest exists
         builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile, source, family)
     else:

@@ -145,20 +145,21 @@ def add_rope_tables(spec: ModelSpec, context: int, weights: WeightStore) -> dict
 
 def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
                 rope_tables: dict, target: str = "cpu", fusions: frozenset[str] = frozenset(),
-                probes: bool = False, stage: Stage | None = None, decode_int8: bool = False) -> ModelProto:
+                probes: bool = False, stage: Stage | None = None, decode_int8: tuple[str, ...] = ()) -> ModelProto:
     """The graph of `gs`. With `probes` (a debug build), bodies also output every module's result
     as `probe:<HF module name>` [L, S, width], in execution order (see `probe_outputs`). With
-    `decode_int8` decode bodies run the prefill-int8 pass's int8 rows too (prefill_int8.decode_int8),
-    down_proj on its block kernel."""
+    `decode_int8` (weight suffixes) decode bodies run those projections on the prefill-int8 pass's int8 rows
+    too (prefill_int8.decode_int8), the others on their block kernels."""
     g = GraphBuilder(gs.name, weights, target, fusions, probes=probes and gs.type != HEAD)
     # Decode keeps the block kernels: with AMX the int8 rows were 0.91x at 8 lanes but 1.11x at one
     # (benchmarks/RESULTS.md, 2026-12-05), on a Zen 5 EPYC 0.98x and 1.04x (2026-12-06 (3)), and decode_1
     # and decode_n must share one formulation. Without an int8 dot (the AVX2 view) the int8 rows with
-    # down_proj on the blocks took 0.88x at 8 lanes and about 1.0x at one: `decode_int8` there.
+    # down_proj on the blocks took 0.88x at 8 lanes and about 1.0x at one: `decode_int8` there (gate/up only
+    # by default: most of the 8-lane gain for a fraction of the glue one lane pays).
     if gs.type == PREFILL:
         g.prefill_shape = (gs.lanes, gs.tokens)
     elif gs.type == DECODE and decode_int8:   # every decode graph alike: batched = alone
-        g.prefill_shape, g.float32_copies = (gs.lanes, gs.tokens), False
+        g.prefill_shape, g.float32_copies, g.int8_rows = (gs.lanes, gs.tokens), False, decode_int8
     for t in gs.inputs:
         g.input(t.name, np.dtype(t.dtype), t.shape)
     if gs.type == HEAD:

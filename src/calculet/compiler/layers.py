@@ -92,7 +92,7 @@ def linear(g: GraphBuilder, x: str, weight: str, scope: str, bias: str | None = 
     q = g.weights.quant(weight)
     if q is not None and g.target == "portable":
         y = _dequantized_matmul(g, x, weight, q, scope)
-    elif g.prefill_shape is not None and prefill_int8.has_weights(g.weights, weight):
+    elif g.on_int8_rows(weight) and prefill_int8.has_weights(g.weights, weight):
         y = prefill_int8.linear(g, x, weight, *g.prefill_shape, scope)
     elif g.prefill_shape is not None and g.float32_copies and prefill_int8.has_float32_copy(g.weights, weight):
         y = g.op("MatMul", [x, g.weight(f"{weight}.f32")], name=f"{scope}/MatMul")

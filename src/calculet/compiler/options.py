@@ -26,6 +26,7 @@ MAX_CHIPS = 8
 MAX_PREFILL_INT8_OUTLIERS = 256
 PREFILL_INT8_OUTLIERS = 32   # the default: float32 channels per projection (compiler/prefill_int8.py)
 PREFILL_INT8_SMOOTH = 0.0    # the default: float32 outlier channels; None (auto) or an alpha: smoothing (faster, coarser)
+DECODE_INT8 = ("gate-up", "all", "off")   # --decode-int8: which projections decode runs on the pass's int8 rows (prefill_int8.DECODE_INT8)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class CompileOptions:
     kv_rings: bool = True        # sliding-window layers keep a ring of window + largest chunk rows (compiler/kv_layout.py)
     kv_dtype: str = "fp32"       # --kv-dtype: a KV_DTYPE_OPTIONS name (kv_layout.kv_dtype_problem: which runs where)
     prefill_int8_outliers: int = PREFILL_INT8_OUTLIERS  # the prefill-int8 pass (compiler/prefill_int8.py): float32 input channels per projection; 0: off
-    decode_int8: bool = True     # --no-decode-int8: keep decode on the block kernels where the pass would move it (prefill_int8.decode_int8)
+    decode_int8: str = "gate-up"  # --decode-int8: a DECODE_INT8 name; where the pass moves decode projections to its int8 rows (prefill_int8.decode_int8)
     prefill_int8_smooth: float | None = PREFILL_INT8_SMOOTH   # 0: float32 outlier channels; None: smoothing, alpha searched per projection; else smoothing with this alpha
 
     @property
@@ -124,6 +125,8 @@ class CompileOptions:
         if self.prefill_int8_smooth is not None and not 0.0 <= self.prefill_int8_smooth < 1.0:
             raise RequestError("bad_option", f"--prefill-int8-smooth must be auto or in [0, 1) (0: float32 outlier "
                                              f"channels instead of smoothing), got {self.prefill_int8_smooth}")
+        if self.decode_int8 not in DECODE_INT8:
+            raise RequestError("bad_option", f"--decode-int8 must be one of {', '.join(DECODE_INT8)}, got {self.decode_int8!r}")
         unknown = set(self.fusions) - set(FUSIONS)
         if unknown:
             raise RequestError("bad_option", f"unknown fusion {sorted(unknown)}; known: {', '.join(FUSIONS)}")

@@ -120,6 +120,9 @@ FLOAT32_PREFILL = (".mlp.down_proj.weight",)
 # With AMX: the weights prefill chunks run as the two-level int8 GEMM (module docstring). Their codes are
 # stored as `<weight>.rows8` like PROJECTED's, without outlier channels.
 TWO_LEVEL_PREFILL = (".mlp.down_proj.weight",)
+# decode-int8 (decode_int8): per --decode-int8 name, the projections decode graphs run on the int8 rows
+# where the CPU has no int8 dot. gate/up alone holds most of the 8-lane gain at a fraction of the glue.
+DECODE_INT8 = {"gate-up": (".mlp.gate_up_proj.weight",), "all": tuple(PROJECTED), "off": ()}
 SMOOTH_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)   # smoothing_alpha's candidates (--prefill-int8-smooth auto)
 SEARCH_ROWS = 256       # calibration rows smoothing_alpha scores each candidate on
 SMOOTH_FLOOR = 1e-3     # smoothing_factors: a channel's |x| or |W| peak counts as at least this share of the median
@@ -153,16 +156,18 @@ def smooths(options) -> bool:
     return alpha is None or alpha > 0
 
 
-def decode_int8(options, cpu: CpuFeatures | None) -> bool:
-    """Whether decode graphs run the pass's int8 rows as well (qkv, o_proj, gate/up; down_proj keeps its
-    block kernel): where the pass runs on x86 without an int8 dot (the default; `--no-decode-int8` keeps the blocks), where
-    ONNX Runtime emulates the 8-bit block kernel's dot products and the exact u8 x u8 GEMM beats it at 8
-    lanes (the AVX2 view of a Zen 5 EPYC: the 8-lane step 0.88x, one lane about 1.0x, 8 streams 212
-    against 186 tok/s; of a Zen 4 EPYC: 8 streams 1.04x, one stream 0.92x); with VNNI or AMX it did not pay
-    (0.98x and 0.91x at 8 lanes, 1.04x and 1.11x at one)."""
-    if cpu is None or not getattr(options, "decode_int8", True) or not getattr(options, "prefill_int8_outliers", 0):
-        return False
-    return float32_prefill(cpu)
+def decode_int8(options, cpu: CpuFeatures | None) -> tuple[str, ...]:
+    """The weight suffixes of PROJECTED that decode graphs run on the pass's int8 rows (down_proj keeps its
+    block kernel): where the pass runs on x86 without an int8 dot, DECODE_INT8[--decode-int8] (default
+    gate/up only), else none. ONNX Runtime emulates the 8-bit block kernel's dot products there, and the
+    exact u8 x u8 GEMM beats it at 8 lanes, but each projection moved adds about 11 small nodes of glue
+    (row scales, codes, the float32 channels), which one lane pays. Through a Zen 4 EPYC's AVX2 view, decode
+    steps at a 128-token context, 60 alternating rounds (benchmarks/RESULTS.md, 2026-12-07): against
+    all three projections moved, gate/up alone 0.91x at one lane and 1.03x at eight; the block kernels 0.89x
+    and 1.10x. With VNNI or AMX it did not pay (0.98x and 0.91x at 8 lanes, 1.04x and 1.11x at one)."""
+    if cpu is None or not getattr(options, "prefill_int8_outliers", 0) or not float32_prefill(cpu):
+        return ()
+    return DECODE_INT8[getattr(options, "decode_int8", "gate-up")]
 
 
 def float32_prefill(cpu: CpuFeatures) -> bool:
