@@ -150,3 +150,11 @@ def test_empty_prompt(tiny_calbin, capsys):
     code, err = _run(capsys, "run", str(tiny_calbin("llama")), "")
     assert code == 2
     _assert_one_line(err, "empty_prompt", "empty")
+
+
+def test_bad_decode_int8_choice(tiny_model_dir, tmp_path, capsys):
+    code, err = _run(capsys, "compile", str(tiny_model_dir("llama")), "-o", str(tmp_path / "x.calbin"),
+                     "--decode-int8", "qkv")
+    assert code == 2
+    _assert_one_line(err, "bad_option", "--decode-int8 must be one of gate-up, all, off", "'qkv'")
+    _no_leftovers(tmp_path, "x.calbin")
