@@ -8,6 +8,7 @@ from calculet.calbin.graphspec import KV_DTYPE_OPTIONS
 from calculet.calbin.manifest import TARGETS
 from calculet.calbin.partition import PARTITIONS
 from calculet.compiler.kv_layout import kv_dtype_problem
+from calculet.compiler.prefill_int8 import DECODE_INT8
 from calculet.compiler.quantize import WEIGHT_POLICIES, policy_table
 from calculet.errors import RequestError
 
@@ -26,7 +27,6 @@ MAX_CHIPS = 8
 MAX_PREFILL_INT8_OUTLIERS = 256
 PREFILL_INT8_OUTLIERS = 32   # the default: float32 channels per projection (compiler/prefill_int8.py)
 PREFILL_INT8_SMOOTH = 0.0    # the default: float32 outlier channels; None (auto) or an alpha: smoothing (faster, coarser)
-DECODE_INT8 = ("gate-up", "all", "off")   # --decode-int8: which projections decode runs on the pass's int8 rows (prefill_int8.DECODE_INT8)
 
 
 @dataclass(frozen=True)
