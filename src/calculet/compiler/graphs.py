@@ -252,6 +252,13 @@ def _build_head(g: GraphBuilder, spec: ModelSpec, gs: GraphSpec) -> dict[str, st
     return out
 
 
+# Candidates the coarse head rescores per K it returns. The exact top token must be among them for
+# greedy (and top-k <= K) to be the int8 head's, and the same whether a lane runs alone (the int4 copy)
+# or batched (the int8 rows): the int4 copy's rounding moves a top token down to rank ~100 on
+# non-Latin text (quantize.COARSE_BLOCKS). 2K rows cost ~0.1 ms more to gather and rescore than K.
+CANDIDATE_POOL = 2
+
+
 def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, vocab: int,
                        row_scaled: bool) -> dict[str, str]:
     """Coarse-then-exact lm_head (the "coarse-head" pass):
@@ -259,10 +266,11 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, vocab
         coarse = hidden . Wc^T                      [R, V]   R = 1: int4 blocks (half the bytes);
                                                              R > 1: int8 per column, rows quantized
                                                              one by one (a faster GEMM)
-        cand   = TopK(coarse, K)                    [R, K]   two levels on a wide vocabulary (compiler/topk.py)
-        rows   = GatherBlockQuantized(W8, cand)     [R, K, H] exact int8 rows, dequantized
-        exact  = rows . hidden                      [R, K]
-        topk_values/ids = exact sorted              [R, K]
+        cand   = TopK(coarse, P)                    [R, P]   P = CANDIDATE_POOL x K; two levels on a wide
+                                                             vocabulary (compiler/topk.py)
+        rows   = GatherBlockQuantized(W8, cand)     [R, P, H] exact int8 rows, dequantized
+        exact  = rows . hidden                      [R, P]
+        topk_values/ids = the K largest of exact    [R, K]
         logits = coarse                             [R, V]
 
     The graph leaves the coarse values in `logits`: a full row is only fetched when the host samples
@@ -279,7 +287,8 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, vocab
                                                               "/lm_head/coarse")                  # [R, V], [R, 1]
     else:
         coarse = layers.linear(g, "hidden", "lm_head.coarse", "/lm_head/coarse")                  # [R, V]
-    _, cand = top_k(g, coarse, rows_n, vocab, topk, "/lm_head/candidates")                      # [R, K]
+    pool = min(CANDIDATE_POOL * topk, vocab)
+    _, cand = top_k(g, coarse, rows_n, vocab, pool, "/lm_head/candidates")                      # [R, P]
     rows = g.op("GatherBlockQuantized", [g.weight(f"{head}.gather_codes"), cand, g.weight(f"{head}.qscales")],
                 name="/lm_head/rescore/GatherBlockQuantized", domain="com.microsoft", bits=q.bits,
                 block_size=q.block, gather_axis=0, quantize_axis=1)                             # [R, K, H]
