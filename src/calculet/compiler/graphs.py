@@ -291,10 +291,10 @@ def _build_coarse_head(g: GraphBuilder, head: str, topk: int, rows_n: int, vocab
     _, cand = top_k(g, coarse, rows_n, vocab, pool, "/lm_head/candidates")                      # [R, P]
     rows = g.op("GatherBlockQuantized", [g.weight(f"{head}.gather_codes"), cand, g.weight(f"{head}.qscales")],
                 name="/lm_head/rescore/GatherBlockQuantized", domain="com.microsoft", bits=q.bits,
-                block_size=q.block, gather_axis=0, quantize_axis=1)                             # [R, K, H]
+                block_size=q.block, gather_axis=0, quantize_axis=1)                             # [R, P, H]
     h = g.op("Unsqueeze", ["hidden", g.const([2])], name="/lm_head/rescore/Hidden")              # [R, H, 1]
     exact = g.op("Squeeze", [g.op("MatMul", [rows, h], name="/lm_head/rescore/MatMul"), g.const([2])],
-                 name="/lm_head/rescore/Squeeze")                                                # [R, K]
+                 name="/lm_head/rescore/Squeeze")                                                # [R, P]
     values, order = g.op("TopK", [exact, g.const([topk])], name="/sampling_head/TopK", n_out=2, axis=-1,
                          largest=1, sorted=1)
     ids = g.op("GatherElements", [cand, order], name="/sampling_head/Ids", axis=1)
