@@ -3,17 +3,19 @@
 - `generate_one`: one request alone through the engine's generation loop (the reference that
   batched runs are compared with), with the raw logits row after the prompt;
 - `greedy_together`: the runtime alone, no engine: several prompts prefilled, then advanced in the
-  same decode jobs, one lane each (checks the device's batching, below the engine).
+  same decode jobs, one lane each (checks the device's batching, below the engine);
+- `greedy_through_engine`: several prompts submitted at once to a started engine, their tokens collected.
 """
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass
 
 import numpy as np
 
 from calculet.engine.local import LocalEngine
-from calculet.engine.requests import GenerationRequest
+from calculet.engine.requests import GenerationRequest, RequestDone, SequenceDelta
 from calculet.engine.sampler import SamplerConfig
 from calculet.runtime.chunking import plan_chunks
 from calculet.runtime.jobs import DecodeJob, PrefillJob
@@ -66,6 +68,20 @@ def greedy_together(device, prompts: list[list[int]], tokens: int) -> list[list[
         for lane in lanes:
             device.lanes.free(lane)
     return together
+
+
+def greedy_through_engine(engine, prompts: list[list[int]], tokens: int, timeout: float = 120) -> list[list[int]]:
+    """`tokens` greedy tokens per prompt (EOS ignored) through a started engine, every prompt submitted at once."""
+    inboxes = []
+    for ids in prompts:
+        inboxes.append(queue.Queue())
+        engine.submit(GenerationRequest(tuple(ids), GREEDY, tokens, ignore_eos=True), inboxes[-1].put)
+    results = [[] for _ in prompts]
+    for i, q in enumerate(inboxes):
+        while not isinstance(event := q.get(timeout=timeout), RequestDone):
+            assert isinstance(event, SequenceDelta), event
+            results[i] += event.token_ids
+    return results
 
 
 def generate_on_calbin(calbin, prompt_ids, max_tokens: int = 16) -> Generated:

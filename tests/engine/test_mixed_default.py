@@ -12,7 +12,7 @@ from calculet.engine.requests import GenerationRequest, RequestDone, SequenceDel
 from calculet.engine.sampler import SamplerConfig
 from calculet.engine.tokenizer import TextTokenizer
 from calculet.runtime.device import Device
-from decoding import greedy_together
+from decoding import greedy_through_engine, greedy_together
 
 pytestmark = pytest.mark.slow
 TOKENS = 12
@@ -57,20 +57,11 @@ def test_default_model_greedy_equal_alone_under_concurrency(device, budget, in_f
 
 
 def _engine_greedy(device, prompts: list[list[int]], tokens: int) -> list[list[int]]:
-    """Greedy tokens per prompt through the engine, every prompt submitted at once."""
+    """Greedy tokens per prompt through a fresh engine (no prefix cache), every prompt submitted at once."""
     engine = Engine(device, TextTokenizer.from_program(device.program), EngineConfig(prefix_cache=False))
     engine.start()
     try:
-        inboxes = []
-        for ids in prompts:
-            inboxes.append(queue.Queue())
-            engine.submit(GenerationRequest(tuple(ids), SamplerConfig(temperature=0.0), tokens, ignore_eos=True),
-                          inboxes[-1].put)
-        got = [[] for _ in prompts]
-        for i, q in enumerate(inboxes):
-            while not isinstance(event := q.get(timeout=300), RequestDone):
-                got[i] += event.token_ids
-        return got
+        return greedy_through_engine(engine, prompts, tokens, timeout=300)
     finally:
         engine.stop()
 

@@ -14,7 +14,7 @@ from calculet.engine.tokenizer import TextTokenizer
 from calculet.errors import RequestError
 from calculet.runtime.device import Device
 from calculet.runtime.jobs import DecodeJob, PrefillJob
-from decoding import greedy_together, prefill
+from decoding import greedy_through_engine, greedy_together, prefill
 
 GREEDY = SamplerConfig(temperature=0.0)
 TOKENS = 8
@@ -208,24 +208,11 @@ def test_gemma3_sliding_window_model_mixed_and_in_flight_equal_alone(tiny_calbin
 
 def run_burst(device, config: EngineConfig, observer: EngineObserver) -> list[list[int]]:
     """Four requests at once (one per lane), as a batch of clients that all finished together sends."""
-    import queue
-
     engine = Engine(device, TextTokenizer.from_program(device.program), config, observer)
     observer.engine = engine
     engine.start()
     try:
-        ps = prompts(device.program.vocab_size)[:4]
-        inboxes = []
-        for ids in ps:
-            q = queue.Queue()
-            engine.submit(GenerationRequest(tuple(ids), GREEDY, TOKENS, ignore_eos=True), q.put)
-            inboxes.append(q)
-        results = [[] for _ in ps]
-        for i, q in enumerate(inboxes):
-            while not isinstance(event := q.get(timeout=120), RequestDone):
-                assert isinstance(event, SequenceDelta), event
-                results[i] += event.token_ids
-        return results
+        return greedy_through_engine(engine, prompts(device.program.vocab_size)[:4], TOKENS)
     finally:
         engine.stop()
 
