@@ -3,11 +3,11 @@ as an int8 GEMM with one activation scale per token, with the few input channels
 in float32 (the default) or over inputs smoothed per channel (the `cpu` target, one chip, an x86 CPU).
 
 Decode steps keep the block kernels (MatMulNBits: 32-wide activation blocks, the GGUF's weights
-exactly), except gate/up where the CPU has no int8 dot (decode_int8). A prefill chunk has many rows, where ONNX Runtime's int8 GEMM is about twice as fast as the
-block kernels, but one int8 scale per token is too coarse for Gemma's activations on its own: a
-handful of channels of the residual stream are hundreds of times larger than the rest and set every
-token's scale. Two formulations handle them, per projection W [in, out] (the packed qkv and gate/up,
-o_proj; see PROJECTED):
+exactly), except gate/up where the CPU has no int8 dot (decode_int8). A prefill chunk has many rows,
+where ONNX Runtime's int8 GEMM is about twice as fast as the block kernels, but one int8 scale per
+token is too coarse for Gemma's activations on its own: a handful of channels of the residual stream
+are hundreds of times larger than the rest and set every token's scale. Two formulations handle them,
+per projection W [in, out] (the packed qkv and gate/up, o_proj; see PROJECTED):
 
   float32 outlier channels (the default: --prefill-int8-smooth 0, --prefill-int8-outliers K):
 
