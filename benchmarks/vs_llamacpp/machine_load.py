@@ -87,3 +87,15 @@ def since(before: Sample, after: Sample, measured: str) -> Load:
         if label != measured:
             others[label] = None if t0 is None or t1 is None else round(t1 - t0, 3)
     return Load(measured, steal, busy, others)
+
+
+def loads_markdown(loads: list[tuple[int, str, Load]]) -> str:
+    """The machine during each measured run, as a markdown table: a busy or stolen CPU explains a bad round."""
+    lines = ["## The machine during each measured run", "",
+             "steal = CPU time the hypervisor gave to other guests; busy = the rest of the non-idle time (both "
+             "shares of the machine's whole CPU over the run); other servers' CPU = what the idle side took meanwhile.", "",
+             "| round | scenario | measured | steal | busy | other servers' CPU s |", "|---|---|---|---|---|---|"]
+    for r, name, load in loads:
+        lines.append(f"| {r} | {name} | {load.measured} | {percent(load.steal)} | {percent(load.busy)} | "
+                     f"{load.others_text(unit='', empty='–')} |")
+    return "\n".join(lines)

@@ -41,7 +41,7 @@ from calculet.bench.report import summary_table, write_report  # noqa: E402
 from calculet.bench.runner import run_benchmark  # noqa: E402
 from calculet.bench.slo import parse_slo  # noqa: E402
 from calculet.cpu_features import detect  # noqa: E402
-from machine_load import Load, percent, sample, since  # noqa: E402
+from machine_load import Load, loads_markdown, sample, since  # noqa: E402
 from rounds import collect, rounds_json, rounds_markdown  # noqa: E402
 from scenarios import SCENARIOS, WARM_UP_SEED_OFFSET, build_scenarios, saturation_rate, warm_up_scenario  # noqa: E402
 
@@ -126,18 +126,6 @@ def compile_long_calbin(args: argparse.Namespace) -> Path:
     print(f"$ {shlex.join(command)}", file=sys.stderr)
     subprocess.run(command, check=True)
     return out
-
-
-def loads_markdown(loads: list[tuple[int, str, Load]]) -> str:
-    """The machine during each measured run (machine_load.py): a busy or stolen CPU explains a bad round."""
-    lines = ["## The machine during each measured run", "",
-             "steal = CPU time the hypervisor gave to other guests; busy = the rest of the non-idle time (both "
-             "shares of the two servers' whole CPU over the run); other servers' CPU = what an idle server took.", "",
-             "| round | scenario | measured | steal | busy | other servers' CPU s |", "|---|---|---|---|---|---|"]
-    for r, name, load in loads:
-        lines.append(f"| {r} | {name} | {load.measured} | {percent(load.steal)} | {percent(load.busy)} | "
-                     f"{load.others_text(unit='', empty='–')} |")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,13 +8,15 @@ as a subprocess (ov_side.py) fed over stdin, so neither environment sees the oth
 ids, new ones every round), greedy, a fixed output length, the same thread count. Scenarios
 (common.py): `single` (TTFT, TPOT) and `batch8` (8 prompts at once: output tokens/s). Prints each
 round and the median and worst round of every metric with the ratio B/A (A = OpenVINO GenAI,
-B = calculet), under the CPU's ISA features; writes results.json under --out.
+B = calculet), under the CPU's ISA features, and the machine during every measured run (steal, busy,
+the CPU the idle side took: ../vs_llamacpp/machine_load.py); writes results.json under --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -25,7 +27,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent / "vs_llamacpp"))
 from common import SCENARIOS, summarize, timing  # noqa: E402
+from machine_load import Load, loads_markdown, sample, since  # noqa: E402
 
 METRICS = (("output_tok_s", True), ("ttft_p50_s", False), ("tpot_p50_s", False))
 
@@ -102,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         sides["openvino"] = OpenVinoSide(args.ov_python, args.ov_model, args.threads)
     sides["calculet"] = CalculetSide(args.calculet_model, args.threads, lanes=max(SCENARIOS.values()))
     results = {name: {s: [] for s in sides} for name in SCENARIOS}
+    pids = {"calculet": os.getpid(), **({"openvino": sides["openvino"].proc.pid} if "openvino" in sides else {})}
+    loads: list[tuple[int, str, Load]] = []   # (round, scenario, machine load) per measured run
     rng = np.random.default_rng(0)
     try:
         for side in sides.values():  # warm-up: first-run allocations
@@ -111,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                 bos = [args.bos] if args.bos >= 0 else []
                 prompts = [bos + rng.integers(3, args.vocab, size=args.prompt_tokens - len(bos)).tolist() for _ in range(n)]
                 for label, side in sides.items():
+                    before = sample(pids)
                     results[name][label].append(side.measure(prompts, args.output_tokens))
+                    loads.append((r + 1, name, since(before, sample(pids), label)))
                 print(f"round {r + 1}: {name}: " + "; ".join(
                     f"{label} {res[-1]['output_tok_s']:.1f} tok/s, TTFT {res[-1]['ttft_p50_s'] * 1e3:.0f} ms"
                     for label, res in results[name].items()), file=sys.stderr)
@@ -137,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
                          " | ".join("–" if v is None else f"{v:.3g}" for v in cols) + " |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"cpu": cpu, "args": {k: str(v) for k, v in vars(args).items()},
-                                                       "results": results}, indent=1))
+                                                       "results": results,
+                                                       "machine": [{"round": r, "scenario": name, **load.to_json()}
+                                                                   for r, name, load in loads]}, indent=1))
+    lines += ["", loads_markdown(loads)]
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

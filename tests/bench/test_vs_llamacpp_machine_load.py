@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "vs_llamacpp"))
-from machine_load import Sample, process_seconds, sample, since  # noqa: E402
-from run import loads_markdown  # noqa: E402
+from machine_load import Sample, loads_markdown, process_seconds, sample, since  # noqa: E402
 
 
 def test_shares_come_from_the_cpu_line_deltas():
