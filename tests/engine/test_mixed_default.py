@@ -71,9 +71,9 @@ def test_non_latin_passages_continue_alike_alone_and_batched(device):
     from int4 blocks of 128, which on Russian, Chinese and Japanese text dropped the top token out of them
     while the several-row head kept it, so a passage continued differently alone than beside the others
     (on this build the Russian one from step 17; on the served build Russian, Chinese and Japanese)."""
-    from calculet.reference.texts import PASSAGES
+    from calculet.reference.texts import NON_LATIN, PASSAGES
 
     tokenizer = TextTokenizer.from_program(device.program)
-    prompts = [tokenizer.encode(text) for name, text in PASSAGES if name in ("ru", "zh", "ja", "ko_ar_hi")]
+    prompts = [tokenizer.encode(text) for name, text in PASSAGES if name in NON_LATIN]
     alone = [_engine_greedy(device, [p], 24)[0] for p in prompts]
     assert _engine_greedy(device, prompts, 24) == alone
