@@ -52,14 +52,18 @@ def main() -> int:
     p.add_argument("model", help="folder of an `optimum-cli export openvino` model")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cache-gb", type=float, default=1.0, help="KV cache size for the scheduler (GB)")
+    p.add_argument("--precision", default="", help="INFERENCE_PRECISION_HINT (f32, bf16, f16); empty: OpenVINO's "
+                   "default for this CPU (bf16 where the CPU has AMX or AVX-512 BF16)")
     args = p.parse_args()
     scheduler = ov_genai.SchedulerConfig()
     scheduler.cache_size = max(1, int(args.cache_gb))
     scheduler.max_num_seqs = 8
     scheduler.dynamic_split_fuse = True
-    pipe = ov_genai.ContinuousBatchingPipeline(args.model, scheduler, "CPU", {"INFERENCE_NUM_THREADS": args.threads})
+    config = {"INFERENCE_NUM_THREADS": args.threads, **({"INFERENCE_PRECISION_HINT": args.precision} if args.precision else {})}
+    pipe = ov_genai.ContinuousBatchingPipeline(args.model, scheduler, "CPU", config)
     versions = {"openvino": ov.get_version(), "openvino_genai": getattr(ov_genai, "__version__", "?")}
-    print(json.dumps({"ready": True, "versions": versions}), flush=True)
+    precision = args.precision or str(ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT"))
+    print(json.dumps({"ready": True, "versions": versions, "precision": precision}), flush=True)
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -35,14 +35,16 @@ METRICS = (("output_tok_s", True), ("ttft_p50_s", False), ("tpot_p50_s", False))
 
 
 class OpenVinoSide:
-    def __init__(self, python: str, model: str, threads: int):
+    def __init__(self, python: str, model: str, threads: int, precision: str = ""):
         script = Path(__file__).resolve().parent / "ov_side.py"
-        self.proc = subprocess.Popen([python, str(script), model, "--threads", str(threads)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([python, str(script), model, "--threads", str(threads), "--precision", precision],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         hello = json.loads(self.proc.stdout.readline() or "{}")
         if not hello.get("ready"):
             raise RuntimeError(f"ov_side.py did not start (exit {self.proc.poll()}); run it by hand to see why")
         self.versions = hello["versions"]
+        self.precision = hello.get("precision", "?")   # the inference precision OpenVINO's matmuls ran in
 
     def measure(self, prompts: list[list[int]], max_new_tokens: int) -> dict:
         self.proc.stdin.write(json.dumps({"prompts": prompts, "max_new_tokens": max_new_tokens}) + "\n")
@@ -92,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ov-model", help="the `optimum-cli export openvino --weight-format int8` folder")
     p.add_argument("--calculet-model", help="calbin or source for calculet (default: the default model)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ov-precision", default="", metavar="f32|bf16|f16",
+                   help="OpenVINO's INFERENCE_PRECISION_HINT (default: its own choice for this CPU, bf16 where it has "
+                        "AMX or AVX-512 BF16; the results name the precision either way)")
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=5)
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("error: give --ov-python and --ov-model together (or neither: calculet alone)")
     sides = {}
     if args.ov_python:
-        sides["openvino"] = OpenVinoSide(args.ov_python, args.ov_model, args.threads)
+        sides["openvino"] = OpenVinoSide(args.ov_python, args.ov_model, args.threads, args.ov_precision)
     sides["calculet"] = CalculetSide(args.calculet_model, args.threads, lanes=max(SCENARIOS.values()))
     results = {name: {s: [] for s in sides} for name in SCENARIOS}
     pids = {"calculet": os.getpid(), **({"openvino": sides["openvino"].proc.pid} if "openvino" in sides else {})}
@@ -129,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu = detect().to_json()
     lines = [f"# calculet (B) vs OpenVINO GenAI (A), in-process: {args.rounds} alternating rounds", "",
              f"CPU: {detect().label}; {args.threads} threads; prompts {args.prompt_tokens} tokens; "
-             f"output {args.output_tokens} tokens", "",
+             f"output {args.output_tokens} tokens" +
+             (f"; OpenVINO's inference precision {sides['openvino'].precision}" if "openvino" in sides else ""), "",
              "| scenario | metric | A median | A worst | B median | B worst | B/A median | B/A worst |", "|---" * 8 + "|"]
     for name in SCENARIOS:
         for metric, higher in METRICS:
@@ -145,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
                          " | ".join("–" if v is None else f"{v:.3g}" for v in cols) + " |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"cpu": cpu, "args": {k: str(v) for k, v in vars(args).items()},
+                                                       "openvino_precision": sides["openvino"].precision
+                                                       if "openvino" in sides else None,
                                                        "results": results,
                                                        "machine": [{"round": r, "scenario": name, **load.to_json()}
                                                                    for r, name, load in loads]}, indent=1))
