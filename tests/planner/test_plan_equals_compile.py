@@ -32,7 +32,7 @@ def _manifest_bytes_per_module(manifest) -> dict[str, int]:
     for name, rec in manifest.quantization.tensors.items():
         if rec.kind in ("fp32", "fp16"):
             arrays = [name]
-        elif name == "lm_head.coarse8" or name.endswith((".rows8", ".rows7")):   # int8 [in, out] + a scale per output
+        elif name == "lm_head.coarse8" or name.endswith(".rows8"):   # int8 [in, out] + a scale per output
             arrays = [f"{name}.weight", f"{name}.scale"]
         else:
             arrays = [f"{name}.qcodes", f"{name}.qscales"]
@@ -126,30 +126,3 @@ def test_plan_with_smoothing_matches_a_compile_with_it(tiny_model_dir, tmp_path,
     assert smoothed["params"]["weights_file_bytes"] < channels["params"]["weights_file_bytes"]
     rc = main(["plan", str(tiny_model_dir("llama")), "--device-memory", "1GiB", "--prefill-int8-smooth", "1.5"])
     assert rc != 0 and "prefill-int8-smooth must be in [0, 1)" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("decode_int8,activations", [("gate-up", 7), ("all", 7), ("all", 8)])
-def test_plan_without_an_int8_dot_matches_the_decode_rows_compile_stores(decode_int8, activations, tiny_model_dir,
-                                                                        tmp_path, capsys, monkeypatch):
-    """On x86 without an int8 dot (CALCULET_CPU_FEATURES) decode-int8's 7-bit rows get an int8 copy of their
-    codes (prefill_int8.decode_rows7): plan and compile count the same bytes for each --decode-int8 and
-    --decode-int8-activations, and the copies cost what they hold."""
-    from calculet.compiler.compile import compile_calbin
-    from calculet.compiler.options import CompileOptions
-    from calculet.cpu_features import ENV
-
-    monkeypatch.setenv(ENV, "avx2,fma,f16c")
-    options = CompileOptions(lanes=LANES, context=CONTEXT, prefill_chunks=(4, 16), golden=False, weights="default",
-                             decode_int8=decode_int8, decode_int8_activations=activations)
-    manifest = read_manifest(compile_calbin(str(tiny_model_dir("llama")), tmp_path / "m.calbin", options,
-                                            log=lambda _m: None))
-    args = ("--weights", "default", "--decode-int8", decode_int8, "--decode-int8-activations", str(activations))
-    plan = _plan(capsys, tiny_model_dir("llama"), *args)
-    assert {row["module"]: row["bytes"] for row in plan["params"]["rows"]} == _manifest_bytes_per_module(manifest)
-    copies = sum(e.nbytes for e in manifest.weights.tensors if ".rows7." in e.name)
-    eight = _plan(capsys, tiny_model_dir("llama"), "--weights", "default", "--decode-int8", decode_int8,
-                  "--decode-int8-activations", "8")
-    assert (copies > 0) == (activations == 7)
-    assert plan["params"]["weights_file_bytes"] - eight["params"]["weights_file_bytes"] >= copies
-    rc = main(["plan", str(tiny_model_dir("llama")), "--device-memory", "1GiB", "--decode-int8-activations", "6"])
-    assert rc != 0 and "--decode-int8-activations must be 7 or 8" in capsys.readouterr().err

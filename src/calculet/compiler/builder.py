@@ -28,7 +28,6 @@ class GraphBuilder:
         self.prefill_shape: tuple[int, int] | None = None  # (lanes, tokens) of a graph on the prefill-int8 pass's rows
         self.float32_copies = True   # prefill_shape graphs run FLOAT32_PREFILL copies (False: decode keeps the blocks)
         self.int8_rows: tuple[str, ...] | None = None   # prefill_shape graphs: the weight suffixes on the int8 rows (None: all)
-        self.rows7 = False   # int8 rows read `<weight>.rows7` with 7-bit activations where stored (prefill_int8.decode_rows7)
         self._nodes = []
         self._inputs = []
         self._outputs = []

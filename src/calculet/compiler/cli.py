@@ -66,12 +66,6 @@ def add_parser(sub) -> None:
                         "off. On a Zen 4's AVX2 view, against all: gate-up 0.91x the 1-lane step and 1.03x the 8-lane "
                         "one, off 0.89x and 1.10x. Elsewhere decode keeps the block kernels")
     p.add_argument("--no-decode-int8", action="store_true", help="the same as --decode-int8 off")
-    p.add_argument("--decode-int8-activations", type=int, default=8, choices=(8, 7), metavar="8|7",
-                   help="the activation bits of those decode rows: 8 (the default) runs them as u8 x u8 over the pass's "
-                        "uint8 codes (the prefill chunks' numerics); 7 as u8 x s8 over an int8 copy of the codes, "
-                        "which 7-bit activations keep exact without an int8 dot: faster, coarser (on an Intel Xeon's "
-                        "AVX2 view, with --decode-int8 all, the 8-lane step 0.89x; the 100-prompt set's teacher-forced "
-                        "agreement 0.961 against the default's 0.976; docs/NUMERICS.md)")
     p.add_argument("--prefill-int8-smooth", default="0", metavar="auto|ALPHA",
                    help="the prefill-int8 pass smooths each projection's input channels instead of keeping K of them in "
                         "float32: x / f through the int8 GEMM with W's rows times f, f = max|x|^ALPHA / max|W|^(1-ALPHA) "
@@ -114,7 +108,6 @@ def run(args) -> int:
                              kv_rings=not args.no_kv_ring, kv_memory=parse_kv_memory(args.kv_memory),
                              chips=args.chips, partition=args.partition, kv_dtype=args.kv_dtype,
                              prefill_int8_outliers=args.prefill_int8_outliers,
-                             prefill_int8_smooth=parse_smooth(args.prefill_int8_smooth), decode_int8="off" if args.no_decode_int8 else args.decode_int8,
-                             decode_int8_activations=args.decode_int8_activations)
+                             prefill_int8_smooth=parse_smooth(args.prefill_int8_smooth), decode_int8="off" if args.no_decode_int8 else args.decode_int8)
     compile_calbin(args.source, args.output, options)
     return 0

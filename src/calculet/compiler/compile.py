@@ -163,8 +163,6 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
             prefill_int8.add_weights(weights, quant_record, outliers, code_range)
         if isa is not None and prefill_int8.float32_prefill(isa.compile_cpu):
             prefill_int8.add_float32_copies(spec, weights, quant_record)
-        if isa is not None and options.chips == 1:
-            prefill_int8.add_rows7(weights, quant_record, prefill_int8.decode_rows7(options, isa.compile_cpu))
         if isa is not None and prefill_int8.two_level_prefill(isa.compile_cpu):
             prefill_int8.add_two_level_weights(spec, weights, quant_record, code_range)
     check_stored(weight_plan(spec, options), weights, quant_record)  # `calculet plan` lists the same bytes

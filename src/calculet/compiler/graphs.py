@@ -159,7 +159,7 @@ def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
     if gs.type == PREFILL:
         g.prefill_shape = (gs.lanes, gs.tokens)
     elif gs.type == DECODE and decode_int8:   # every decode graph alike: batched = alone
-        g.prefill_shape, g.float32_copies, g.int8_rows, g.rows7 = (gs.lanes, gs.tokens), False, decode_int8, True
+        g.prefill_shape, g.float32_copies, g.int8_rows = (gs.lanes, gs.tokens), False, decode_int8
     for t in gs.inputs:
         g.input(t.name, np.dtype(t.dtype), t.shape)
     if gs.type == HEAD:

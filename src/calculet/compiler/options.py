@@ -51,7 +51,6 @@ class CompileOptions:
     kv_dtype: str = "fp32"       # --kv-dtype: a KV_DTYPE_OPTIONS name (kv_layout.kv_dtype_problem: which runs where)
     prefill_int8_outliers: int = PREFILL_INT8_OUTLIERS  # the prefill-int8 pass (compiler/prefill_int8.py): float32 input channels per projection; 0: off
     decode_int8: str = "gate-up"  # --decode-int8: a DECODE_INT8 name; where the pass moves decode projections to its int8 rows (prefill_int8.decode_int8)
-    decode_int8_activations: int = 8  # --decode-int8-activations 8|7: those rows' activation bits (7: prefill_int8.decode_rows7)
     prefill_int8_smooth: float | None = PREFILL_INT8_SMOOTH   # 0: float32 outlier channels; None: smoothing, alpha searched per projection; else smoothing with this alpha
 
     @property
@@ -126,8 +125,6 @@ class CompileOptions:
         if self.prefill_int8_smooth is not None and not 0.0 <= self.prefill_int8_smooth < 1.0:
             raise RequestError("bad_option", f"--prefill-int8-smooth must be auto or in [0, 1) (0: float32 outlier "
                                              f"channels instead of smoothing), got {self.prefill_int8_smooth}")
-        if self.decode_int8_activations not in (7, 8):
-            raise RequestError("bad_option", f"--decode-int8-activations must be 7 or 8, got {self.decode_int8_activations}")
         if self.decode_int8 not in DECODE_INT8:
             raise RequestError("bad_option", f"--decode-int8 must be one of {', '.join(DECODE_INT8)}, got {self.decode_int8!r}")
         unknown = set(self.fusions) - set(FUSIONS)

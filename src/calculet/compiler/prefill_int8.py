@@ -127,11 +127,6 @@ SMOOTH_ALPHAS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)   # smoothing_alpha's candidates 
 SEARCH_ROWS = 256       # calibration rows smoothing_alpha scores each candidate on
 SMOOTH_FLOOR = 1e-3     # smoothing_factors: a channel's |x| or |W| peak counts as at least this share of the median
 RESIDUE_STEPS = 254.0   # s2 = s1 / RESIDUE_STEPS: |x - s1 q1| <= s1 / 2, so |q2 - 128| <= 127
-# decode_rows7: activation codes 64 +- 63 (1..127) against full int8 weight codes, so a pair of products
-# sums to at most 2 * 127 * 127 = 32,258 and the 16-bit pair sum of a u8 x s8 kernel without an int8
-# dot product cannot saturate.
-SEVEN_BIT_LEVELS, SEVEN_BIT_ZERO = 63, 64
-EIGHT_BIT_LEVELS, EIGHT_BIT_ZERO = 127, 128
 
 
 @dataclass(frozen=True)
@@ -173,23 +168,6 @@ def decode_int8(options, cpu: CpuFeatures | None) -> tuple[str, ...]:
     if cpu is None or not getattr(options, "prefill_int8_outliers", 0) or not float32_prefill(cpu):
         return ()
     return DECODE_INT8[getattr(options, "decode_int8", "gate-up")]
-
-
-def decode_rows7(options, cpu: CpuFeatures | None) -> tuple[str, ...]:
-    """The weight suffixes of decode_int8 whose decode rows run as u8 x s8 with 7-bit activations over a
-    second, int8 copy of their codes (`<weight>.rows7`; --decode-int8-activations 7, not the default):
-    where decode_int8 applies, the CPU's u8 x s8 kernel sums pairs of products in 16 bits, so the pass's
-    own codes are stored as uint8 for the slower, exact u8 x u8 kernel. Activation codes 64 +- 63 cannot
-    saturate it (SEVEN_BIT_LEVELS), at half the 8-bit rows' activation resolution. Through the AVX2 view
-    of an Intel Xeon (benchmarks/RESULTS.md, 2026-12-07 (5)): 18 gate/up products [640 -> 4,096] at 8
-    rows, u8 x u8 9.3-9.6 ms, u8 x s8 5.1-5.5, the 8-bit block kernel 9.8; the 8-lane step with all three
-    projections moved 0.89x the served one, but the 100-prompt set's teacher-forced agreement 0.961
-    against 0.976 (docs/NUMERICS.md). Faster and coarser, so an option, like smoothing. Two levels of
-    7-bit codes (each row, then its residue: about 13 bits) ran no faster than the 8-bit rows: the glue
-    and the GEMM's doubled rows took the gain."""
-    if getattr(options, "decode_int8_activations", 8) != 7:
-        return ()
-    return decode_int8(options, cpu)
 
 
 def float32_prefill(cpu: CpuFeatures) -> bool:
@@ -383,24 +361,6 @@ def _add_rows8(store, record: dict, weight: str, w: np.ndarray, ids: np.ndarray,
                                          f"{' (codes stored as uint8 + 128: u8 x u8)' if unsigned else ''}; {role}"}
 
 
-def add_rows7(store, record: dict, suffixes: tuple[str, ...]) -> None:
-    """decode_rows7: per `<weight>.rows8` stored as uint8 around 128 whose weight ends with one of `suffixes`,
-    `<weight>.rows7`: the same codes as int8 [in, out] and the same scales [out], for decode graphs' u8 x s8
-    GEMM with 7-bit activations."""
-    for name in [e.name for e in store.entries if e.name.endswith(".rows8.weight")]:
-        weight = name[:-len(".rows8.weight")]
-        codes = store.array(name)
-        if not weight.endswith(suffixes) or codes.dtype != np.uint8:
-            continue
-        store.add(f"{weight}.rows7.weight", (codes.astype(np.int16) - 128).astype(np.int8))
-        store.add(f"{weight}.rows7.scale", store.array(f"{weight}.rows8.scale").copy())
-        record[f"{weight}.rows7"] = {"kind": "int8", "block": store.quant(weight).k, "compute": "int8",
-                                     "module": record[weight]["module"],
-                                     "max_abs_error": record[f"{weight}.rows8"]["max_abs_error"],
-                                     "role": "decode steps: per-token u8 x s8 GEMM with 7-bit activations (codes "
-                                             f"64 +- {SEVEN_BIT_LEVELS}), the codes of {weight}.rows8 as int8"}
-
-
 def add_float32_copies(spec: ModelSpec, store, record: dict) -> None:
     """Per 8-bit weight of FLOAT32_PREFILL: `<weight>.f32` [in, out], the block codes' exact values in float32,
     for prefill chunks (decode keeps the blocks)."""
@@ -420,28 +380,27 @@ def has_float32_copy(store, weight: str) -> bool:
     return f"{weight}.f32" in store
 
 
-def row_scales(g: GraphBuilder, x: str, scope: str, levels: int = EIGHT_BIT_LEVELS) -> str:
-    """x [R, H] -> s [R, 1]: s = max|x| / levels per row (127; 63 for 7-bit codes). A row of zeros gets s = 0: its codes are then
+def row_scales(g: GraphBuilder, x: str, scope: str) -> str:
+    """x [R, H] -> s [R, 1]: s = max|x| / 127 per row. A row of zeros gets s = 0: its codes are then
     arbitrary but finite, and its product times s is 0, as x . W is (so no floor is needed; measured
     per node, a floor's Max was one of the ~1 us dispatches that make up decode-int8's glue)."""
     peak = g.op("ReduceMax", [g.op("Abs", [x], name=f"{scope}/Abs"), g.const([1])], name=f"{scope}/RowMax",
                 keepdims=1)                                                                        # [R, 1]
-    return g.op("Div", [peak, g.const(float(levels), np.float32)], name=f"{scope}/RowScale")      # [R, 1]
+    return g.op("Div", [peak, g.const(127.0, np.float32)], name=f"{scope}/RowScale")              # [R, 1]
 
 
-def row_codes(g: GraphBuilder, x: str, scale: str, rows_n: int, width: int, name: str,
-              zero: int = EIGHT_BIT_ZERO) -> str:
-    """x [R, H] as uint8 codes around `zero` (128; 64 for 7-bit codes) on one scale per row (scale [R, 1]):
-    QuantizeLinear's blocked form with one block per row, which takes the [R, 1] scale as it is."""
-    return g.op("QuantizeLinear", [x, scale, g.const(np.full((rows_n, 1), zero), np.uint8)], name=name, axis=1,
+def row_codes(g: GraphBuilder, x: str, scale: str, rows_n: int, width: int, name: str) -> str:
+    """x [R, H] as uint8 codes around 128 on one scale per row (scale [R, 1]): QuantizeLinear's blocked
+    form with one block per row, which takes the [R, 1] scale as it is (no reshape to [R])."""
+    return g.op("QuantizeLinear", [x, scale, g.const(np.full((rows_n, 1), 128), np.uint8)], name=name, axis=1,
                 block_size=width)
 
 
-def int8_product(g: GraphBuilder, codes: str, weight: str, scope: str, zero: int = EIGHT_BIT_ZERO) -> str:
-    """codes [R, H] (uint8 around `zero`) . `<weight>.weight` [H, V] (int8 per column, or uint8 around 128)
-    in float32, times the column scales: [R, V], still to be multiplied by the row scales."""
+def int8_product(g: GraphBuilder, codes: str, weight: str, scope: str) -> str:
+    """codes [R, H] (uint8 around 128) . `<weight>.weight` [H, V] (int8 per column, or uint8 around 128) in
+    float32, times the column scales: [R, V], still to be multiplied by the row scales."""
     inputs = [codes, g.weight(f"{weight}.weight"), g.const(1.0, np.float32), g.weight(f"{weight}.scale"),
-              g.const(zero, np.uint8)]
+              g.const(128, np.uint8)]
     if g.weights.array(f"{weight}.weight").dtype == np.uint8:   # _add_rows8's u8 codes around 128
         inputs.append(g.const(128, np.uint8))
     return g.op("MatMulIntegerToFloat", inputs, name=f"{scope}/MatMulIntegerToFloat", domain=MS_DOMAIN)
@@ -457,20 +416,6 @@ def per_row_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scop
     scale = row_scales(g, x, scope)
     codes = row_codes(g, x, scale, rows_n, g.weights.array(f"{weight}.weight").shape[0], f"{scope}/QuantizeRows")
     return int8_product(g, codes, weight, scope), scale
-
-
-def scaled_int8_product(g: GraphBuilder, x: str, weight: str, rows_n: int, scope: str) -> str:
-    """x [R, H] . W [H, V] for the projection `weight`: per_row_int8_product over `<weight>.rows8` times its
-    row scales, or in a graph with `g.rows7`, where the store has `<weight>.rows7`, the same over those int8
-    codes with 7-bit activations (decode_rows7): codes 64 +- 63 on s = max|x| / 63 per row."""
-    if g.rows7 and f"{weight}.rows7.weight" in g.weights:
-        codes_of, levels, zero = f"{weight}.rows7", SEVEN_BIT_LEVELS, SEVEN_BIT_ZERO
-    else:
-        codes_of, levels, zero = f"{weight}.rows8", EIGHT_BIT_LEVELS, EIGHT_BIT_ZERO
-    scale = row_scales(g, x, scope, levels)                                                       # [R, 1]
-    codes = row_codes(g, x, scale, rows_n, g.weights.array(f"{codes_of}.weight").shape[0], f"{scope}/QuantizeRows",
-                      zero)
-    return g.op("Mul", [int8_product(g, codes, codes_of, scope, zero), scale], name=f"{scope}/Scaled")
 
 
 def two_level_linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope: str) -> str:
@@ -508,7 +453,8 @@ def linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope:
     rows, s = lanes * tokens, f"{scope}/RowsInt8"
     flat = g.op("Reshape", [x, g.const([rows, info.k])], name=f"{s}/Rows")                          # [R, in]
     inliers = g.op("Mul", [flat, g.const(mask, np.float32)], name=f"{s}/Inliers")
-    scaled = scaled_int8_product(g, inliers, weight, rows, s)                                    # [R, out]
+    product, row_scale = per_row_int8_product(g, inliers, f"{weight}.rows8", rows, s)            # [R, out], [R, 1]
+    scaled = g.op("Mul", [product, row_scale], name=f"{s}/Scaled")
     picked = g.op("Gather", [flat, g.const(ids)], name=f"{s}/OutlierChannels", axis=1)           # [R, k]
     outlier = g.op("MatMul", [picked, g.weight(f"{weight}.outliers.weight")], name=f"{s}/OutlierMatMul")
     y = g.op("Add", [scaled, outlier], name=f"{s}/Sum")                                           # [R, out]
@@ -522,5 +468,6 @@ def smoothed_linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: in
     flat = g.op("Reshape", [x, g.const([rows, info.k])], name=f"{s}/Rows")                          # [R, in]
     smooth = g.op("Mul", [flat, g.const(g.weights.inline[f"{weight}.smooth.inverse"], np.float32)],
                   name=f"{s}/Smooth")
-    y = scaled_int8_product(g, smooth, weight, rows, s)                                          # [R, out]
+    product, row_scale = per_row_int8_product(g, smooth, f"{weight}.rows8", rows, s)             # [R, out], [R, 1]
+    y = g.op("Mul", [product, row_scale], name=f"{s}/Scaled")
     return g.op("Reshape", [y, g.const([lanes, tokens, info.n])], name=f"{s}/Unflatten")

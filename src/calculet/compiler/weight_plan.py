@@ -70,7 +70,7 @@ class StoredTensor:
         sizes = array_bytes(fmt, self.shape)
         if fmt.kind in FLOAT_BYTES:
             names = (self.name,)
-        elif self.name == "lm_head.coarse8" or self.name.endswith((".rows8", ".rows7")):  # int8 [in, out], a scale per output
+        elif self.name == "lm_head.coarse8" or self.name.endswith(".rows8"):  # int8 [in, out], a scale per output
             names = (f"{self.name}.weight", f"{self.name}.scale")
         else:
             names = (f"{self.name}.qcodes", f"{self.name}.qscales")
@@ -135,7 +135,7 @@ def weight_plan(spec: ModelSpec, options: WeightOptions) -> WeightPlan:
     if prefill_int8.applicable(options, cpu) is None:
         outliers = 0 if prefill_int8.smooths(options) else options.prefill_int8_outliers
         tensors += _prefill_int8(tensors, outliers, prefill_int8.float32_prefill(cpu),
-                                 prefill_int8.two_level_prefill(cpu), prefill_int8.decode_rows7(options, cpu))
+                                 prefill_int8.two_level_prefill(cpu))
     for t in tensors:
         if t.fmt.kind in ("int8", "int4") and t.shape[1] % t.fmt.block:
             raise RequestError("bad_option", f"K={t.shape[1]} is not a multiple of the block size {t.fmt.block}; "
@@ -234,14 +234,13 @@ def _coarse_head(spec: ModelSpec, tensors: list[StoredTensor]) -> list[StoredTen
 
 
 def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool,
-                  two_level: bool, rows7: tuple[str, ...] = ()) -> list[StoredTensor]:
+                  two_level: bool) -> list[StoredTensor]:
     """prefill_int8.add_smoothed_weights / add_weights: each int8 projection of prefill_int8.PROJECTED gets
     per-column int8 codes [in, out] with scales, and where `k` > 0 (no smoothing) its float32 outlier input
     rows [k', out] (one chip: no split);
     then, on a CPU without an int8 dot product, add_float32_copies: each int8 weight of
     FLOAT32_PREFILL gets a float32 copy [in, out]; on a CPU with AMX, add_two_level_weights: each
-    int8 weight of TWO_LEVEL_PREFILL gets per-column int8 codes [in, out] with scales; then add_rows7: each
-    int8 weight of `rows7` (decode_rows7) gets its codes again as int8 with their scales."""
+    int8 weight of TWO_LEVEL_PREFILL gets per-column int8 codes [in, out] with scales."""
     out = []
     for t in tensors:
         if t.fmt.kind == "int8" and t.name.endswith(tuple(PROJECTED)):
@@ -255,9 +254,6 @@ def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool,
     if two_level:
         out += [StoredTensor(f"{t.name}.rows8", t.module, t.shape, QuantFormat("int8", t.shape[1], "int8"), COPY)
                 for t in tensors if t.fmt.kind == "int8" and t.name.endswith(TWO_LEVEL_PREFILL)]
-    if rows7:
-        out += [StoredTensor(f"{t.name}.rows7", t.module, t.shape, QuantFormat("int8", t.shape[1], "int8"), COPY)
-                for t in tensors if t.fmt.kind == "int8" and t.name.endswith(rows7) and t.name.endswith(tuple(PROJECTED))]
     return out
 
 

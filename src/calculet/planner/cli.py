@@ -40,10 +40,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-int8-smooth", default=None, metavar="ALPHA",
                    help="as compile --prefill-int8-smooth: auto or ALPHA (0: the pass stores float32 outlier rows; "
                         "default: compile's, 0)")
-    p.add_argument("--decode-int8", default="gate-up", metavar="gate-up|all|off",
-                   help="as compile --decode-int8 (on an x86 CPU without an int8 dot the projections decode runs on "
-                        "the pass's int8 rows; with 7-bit activations they get an int8 copy of their codes)")
-    p.add_argument("--decode-int8-activations", default="8", metavar="8|7", help="as compile --decode-int8-activations")
     p.add_argument("--chips", default="1", help="tensor-parallel chips (default 1)")
     p.add_argument("--device-memory", default=None, metavar="SIZE",
                    help="memory per chip, e.g. 32GiB (required)")
@@ -90,8 +86,6 @@ def _run(args: argparse.Namespace) -> int:
         prefill_chunk=_integer(args.prefill_chunk, "--prefill-chunk"),
         guard_fraction=_percent(args.guard, "--guard"),
         fusions=parse_fusions(None, args.no_fuse),
-        decode_int8=args.decode_int8,
-        decode_int8_activations=_integer(args.decode_int8_activations, "--decode-int8-activations"),
         **({} if args.prefill_int8_outliers is None else
            {"prefill_int8_outliers": _integer(args.prefill_int8_outliers, "--prefill-int8-outliers", minimum=0)}),
         **({} if args.prefill_int8_smooth is None else

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from calculet.calbin.graphspec import DTYPE_BYTES, KV_DTYPE_OPTIONS
 from calculet.compiler.kv_layout import KV_DTYPE_BUILT, layer_lengths, ring_length
 from calculet.compiler.options import FUSIONS, PREFILL_INT8_OUTLIERS, PREFILL_INT8_SMOOTH
-from calculet.compiler.prefill_int8 import DECODE_INT8
 from calculet.compiler.quantize import policy_table
 from calculet.compiler.weight_plan import weight_plan
 from calculet.compiler.workspace import workspace_bytes as _workspace
@@ -68,8 +67,6 @@ class PlanRequest:
     fusions: frozenset[str] = frozenset(FUSIONS)   # compile's passes; coarse-head adds lm_head copies
     prefill_int8_smooth: float | None = PREFILL_INT8_SMOOTH   # compile's --prefill-int8-smooth (None: auto; 0: float32 outlier rows too)
     prefill_int8_outliers: int = PREFILL_INT8_OUTLIERS  # compile's prefill-int8 pass (on a VNNI CPU): int8 copies
-    decode_int8: str = "gate-up"      # compile's --decode-int8 (without an int8 dot: which decode rows ...)
-    decode_int8_activations: int = 8  # ... with 7, get an int8 copy of their codes for 7-bit activations (prefill_int8.decode_rows7)
 
     def __post_init__(self) -> None:
         for name, limit in (("lanes", MAX_LANES), ("context", MAX_CONTEXT), ("chips", MAX_CHIPS),
@@ -82,10 +79,6 @@ class PlanRequest:
         _check_choice("activation dtype", self.activation_dtype, ACT_DTYPES)
         _check_choice("logits dtype", self.logits_dtype, ACT_DTYPES)
         policy_table(self.weights, self.block_size)  # raises on an unknown policy or block size
-        if self.decode_int8 not in DECODE_INT8:
-            raise RequestError("bad_option", f"--decode-int8 must be one of {', '.join(DECODE_INT8)}, got {self.decode_int8!r}")
-        if self.decode_int8_activations not in (7, 8):
-            raise RequestError("bad_option", f"--decode-int8-activations must be 7 or 8, got {self.decode_int8_activations}")
         if unknown := set(self.fusions) - set(FUSIONS):
             raise RequestError("bad_option", f"unknown fusion {sorted(unknown)}; known: {', '.join(FUSIONS)}")
         if not MIN_DEVICE_BYTES <= self.device_memory_bytes <= MAX_DEVICE_BYTES:
