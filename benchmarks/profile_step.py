@@ -1,10 +1,11 @@
 """Where does a step's time go? Device phases, per-op graph time, sampling and Python, side by side.
 
-    python benchmarks/profile_step.py [CALBIN] [--lanes 1 8] [--steps 30] [--context-fill 200]
+    python benchmarks/profile_step.py [CALBIN] [--lanes 1 8] [--steps 30] [--context-fill 200] [--nodes OP]
 
 Runs through the real runtime (Device, IO bindings, jobs) on lanes prefilled to --context-fill tokens,
 then reports per decode step: input prep, graph (body + head), output fetch, host sampling, and the
-remainder (Python and the worker hand-off), and the top ops from ONNX Runtime's profiler.
+remainder (Python and the worker hand-off), and the top ops from ONNX Runtime's profiler (with --nodes OP,
+also each node of that op type, e.g. --nodes GroupQueryAttention: one line per layer).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -20,12 +22,13 @@ import time
 import numpy as np
 
 
-def _profile_ops(calbin, lanes: int, fill: int, steps: int) -> list[tuple[str, float]]:
-    """Per-op-type ms per step for decode_<n> + head_<n>, from ONNX Runtime's own profiler."""
+def _profiled_kernels(calbin, lanes: int, fill: int, steps: int) -> list[tuple[str, str, str, float]]:
+    """(graph, op type, node, microseconds) of every kernel ONNX Runtime's own profiler timed in `steps` decode
+    steps of decode_<n> and head_<n>, on `lanes` lanes prefilled to `fill` tokens."""
     import onnxruntime as ort
 
     from calculet.runtime.device import Device
-    from calculet.runtime.jobs import DecodeJob, PrefillJob
+    from calculet.runtime.jobs import DecodeJob
 
     original = ort.SessionOptions
     prefix = os.path.join(tempfile.mkdtemp(), "ort")
@@ -44,18 +47,48 @@ def _profile_ops(calbin, lanes: int, fill: int, steps: int) -> list[tuple[str, f
         ort.SessionOptions = original
     job_lanes = [d.lanes.allocate() for _ in range(lanes)]
     for lane in job_lanes:
-        d.run(PrefillJob(lane, tuple(range(10, 10 + min(fill, 128)))), 600)
+        _fill(d, lane, fill)
     for _ in range(steps):
         d.run(DecodeJob(tuple(job_lanes), (5,) * lanes), 600)
-    totals = collections.Counter()
+    kernels = []
     graph = d.program.decode_graph_for(lanes)
     for name in (graph.name, f"head_{graph.lanes}"):
         path = d.program.sessions[name].end_profiling()
         for event in json.load(open(path)):
             if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-                totals[f"{name}:{event['args']['op_name']}"] += event["dur"]
+                kernels.append((name, event["args"]["op_name"], event["name"][:-len("_kernel_time")], event["dur"]))
     d.close()
+    return kernels
+
+
+def _fill(d, lane: int, tokens: int) -> None:
+    """Prefill `lane` to `tokens` tokens in chunks of at most 128."""
+    from calculet.runtime.jobs import PrefillJob
+
+    pos = 0
+    while pos < tokens:
+        chunk = min(128, tokens - pos)
+        d.run(PrefillJob(lane, tuple(range(10 + pos, 10 + pos + chunk))), 600)
+        pos += chunk
+
+
+def _by_op(kernels, steps: int) -> list[tuple[str, float]]:
+    """The ten op types (per graph) with the most kernel time, ms per step."""
+    totals = collections.Counter()
+    for graph, op, _, us in kernels:
+        totals[f"{graph}:{op}"] += us
     return [(op, us / 1000 / steps) for op, us in totals.most_common(10)]
+
+
+def _by_node(kernels, steps: int, op: str) -> list[tuple[str, float]]:
+    """Every node of op type `op`, in name order (layer numbers as numbers), ms per step."""
+    totals = collections.Counter()
+    for graph, kind, node, us in kernels:
+        if kind == op:
+            totals[f"{graph}:{node}"] += us
+    def natural(name: str) -> list:
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+    return [(node, totals[node] / 1000 / steps) for node in sorted(totals, key=natural)]
 
 
 def main() -> None:
@@ -63,13 +96,14 @@ def main() -> None:
     from calculet.compiler.options import CompileOptions
     from calculet.engine.sampler import SamplerConfig, SequenceSampler
     from calculet.runtime.device import Device
-    from calculet.runtime.jobs import DecodeJob, PrefillJob
+    from calculet.runtime.jobs import DecodeJob
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("calbin", nargs="?", default=None)
     ap.add_argument("--lanes", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--context-fill", type=int, default=200)
+    ap.add_argument("--nodes", metavar="OP", default=None, help="also list each node of this op type (profiler, ms per step)")
     args = ap.parse_args()
     calbin = ensure_calbin(args.calbin, CompileOptions())
     d = Device()
@@ -80,11 +114,7 @@ def main() -> None:
     for n in args.lanes:
         lanes = [d.lanes.allocate() for _ in range(n)]
         for lane in lanes:
-            pos = 0
-            while pos < args.context_fill:
-                chunk = min(128, args.context_fill - pos)
-                d.run(PrefillJob(lane, tuple(range(10 + pos, 10 + pos + chunk))), 600)
-                pos += chunk
+            _fill(d, lane, args.context_fill)
         samplers = [SequenceSampler(SamplerConfig(temperature=0.0)) for _ in lanes]
         rows = collections.defaultdict(list)
         tokens = [5] * n
@@ -110,9 +140,16 @@ def main() -> None:
             d.lanes.free(lane)
     d.close()
     for n in args.lanes:
+        steps = min(args.steps, 10)
+        kernels = _profiled_kernels(calbin, n, args.context_fill, steps)
         print(f"\ntop ops per decode step, {n} lane(s) (ONNX Runtime profiler, ms):")
-        for op, ms in _profile_ops(calbin, n, args.context_fill, min(args.steps, 10)):
+        for op, ms in _by_op(kernels, steps):
             print(f"  {op:55s} {ms:7.2f}")
+        if args.nodes:
+            nodes = _by_node(kernels, steps, args.nodes)
+            print(f"\n{args.nodes} nodes per decode step, {n} lane(s) (ms): {sum(ms for _, ms in nodes):.2f} in all")
+            for node, ms in nodes:
+                print(f"  {node:70s} {ms:7.3f}")
 
 
 if __name__ == "__main__":
