@@ -164,7 +164,10 @@ def decode_int8(options, cpu: CpuFeatures | None) -> tuple[str, ...]:
     (row scales, codes, the float32 channels), which one lane pays. Through a Zen 4 EPYC's AVX2 view, decode
     steps at a 128-token context, 60 alternating rounds (benchmarks/RESULTS.md, 2026-12-07): against
     all three projections moved, gate/up alone 0.91x at one lane and 1.03x at eight; the block kernels 0.89x
-    and 1.10x. With VNNI or AMX it did not pay (0.98x and 0.91x at 8 lanes, 1.04x and 1.11x at one)."""
+    and 1.10x. With VNNI or AMX it did not pay (all three: 0.98x and 0.91x at 8 lanes, 1.04x and 1.11x at one;
+    gate/up alone on an AMX Xeon 0.946x and 0.989x, through its no-AMX view 0.961x and 1.026x, for teacher-forced
+    agreement 0.9772 -> 0.9728 natively: benchmarks/RESULTS.md, 2026-12-07 (5)). Where there is no int8 dot the
+    rows stay u8 x u8: the faster u8 x s8 kernel is exact there only with 7-bit activations, which failed gate F."""
     if cpu is None or not getattr(options, "prefill_int8_outliers", 0) or not float32_prefill(cpu):
         return ()
     return DECODE_INT8[getattr(options, "decode_int8", "gate-up")]
