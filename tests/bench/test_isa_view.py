@@ -109,6 +109,45 @@ def test_avx2_build_coarse_head_is_exact_on_avx2_kernels(view, tiny_model_dir, t
         assert got["error"] > 1e-3, got
 
 
+ROWS = r"""
+import json, sys, numpy as np, onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+sys.path.insert(0, sys.argv[2])
+from calbin_weights import stored_weight
+errors = []
+for proj in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"):
+    codes = stored_weight(sys.argv[1], f"model.layers.0.{proj}.weight.rows8.weight")        # [in, out]
+    k, n = codes.shape
+    # row r: code 255 where column r's weight code is positive, else 1 (that column's largest pair sums)
+    a = np.where(codes[:, np.arange(16) % n].T > 0, 255, 1).astype(np.uint8)                 # [16, in]
+    inits = [numpy_helper.from_array(codes, "w"), numpy_helper.from_array(np.array(1.0, np.float32), "sa"),
+             numpy_helper.from_array(np.ones(n, np.float32), "sw"), numpy_helper.from_array(np.array(128, np.uint8), "za")]
+    node = helper.make_node("MatMulIntegerToFloat", ["a", "w", "sa", "sw", "za"], ["y"], domain="com.microsoft")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.UINT8, list(a.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
+    exact = (a.astype(np.int64) - 128) @ codes.astype(np.int64)
+    errors.append(float(np.abs(y - exact).max() / np.abs(exact).max()))
+print(json.dumps({"error": max(errors)}))
+"""
+
+
+@pytest.mark.parametrize("features, exact", [("avx2,fma,f16c", True), ("avx2,fma,f16c,avx512f,avx512_vnni", False)])
+def test_avx2_build_prefill_rows_are_exact_on_avx2_kernels(view, tiny_model_dir, tmp_path, monkeypatch, features, exact):
+    """The prefill-int8 pass's AVX2 build stores pair-bounded codes (compiler/int8_pairs.py): the AVX2 u8 x s8
+    kernel's 16-bit pair sums never saturate and its products equal exact arithmetic even with every
+    activation code at 255; a VNNI build's full-range codes drift there."""
+    monkeypatch.setenv(ENV, features)
+    out = compile_calbin(str(tiny_model_dir("llama")), tmp_path / "r.calbin",
+                         CompileOptions(lanes=2, context=32, prefill_chunks=(4,), golden=False), log=lambda _m: None)
+    got = _in_view(view, ROWS, str(out), str(ROOT / "tests"))
+    if exact:
+        assert got["error"] < 1e-6, got
+    else:
+        assert got["error"] > 1e-3, got
+
+
 GREEDY = r"""
 import json, sys
 sys.path.insert(0, sys.argv[2])
@@ -118,7 +157,7 @@ print(json.dumps({"tokens": generate_on_calbin(sys.argv[1], list(range(3, 40)), 
 
 
 def test_avx2_build_decodes_the_same_on_avx2_kernels(view, tiny_model_dir, tmp_path, monkeypatch):
-    """The AVX2 build's integer GEMMs (prefill-int8 as u8 x u8, the 7-bit coarse head, MatMulNBits) are
+    """The AVX2 build's integer GEMMs (prefill-int8 on pair-bounded codes, the 7-bit coarse head, MatMulNBits) are
     exact on the AVX2 kernels too: the greedy tokens under the view are the ones this CPU's kernels give."""
     from decoding import generate_on_calbin
 

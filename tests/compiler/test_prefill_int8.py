@@ -20,6 +20,7 @@ from calculet.calbin.manifest import read_manifest
 from calculet.compiler import prefill_int8
 from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.compile import compile_calbin
+from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, pair_bounded_codes, pair_sums
 from calculet.compiler.options import CompileOptions
 from calculet.compiler.quantize import QuantFormat, quantize
 from calculet.compiler.weights import QuantInfo, WeightStore
@@ -118,11 +119,11 @@ def _assert_as_close_to_fp32_as_the_blocks(model_dir, calbin, tmp_path) -> None:
     assert float(np.abs(ours.prompt_logits - fp32.prompt_logits).max()) <= 1.5 * off, off
 
 
-def test_without_an_int8_dot_the_pass_keeps_its_codes_as_uint8(tiny_model_dir, tmp_path, monkeypatch):
-    """On x86 without VNNI/AMX ONNX Runtime's u8 x s8 GEMM saturates 16-bit pair sums, so there the pass
-    stores the same codes as uint8 + 128 for the exact u8 x u8 kernel: the graphs differ only in B's zero
-    point, and the prompt's logits are as close to the fp32 build's as the block kernels' are (the u8 x u8
-    products are exact on either kind of CPU; the VNNI build's u8 x s8 ones saturate on this one)."""
+def test_without_an_int8_dot_the_pass_stores_pair_bounded_codes(tiny_model_dir, tmp_path, monkeypatch):
+    """On x86 without VNNI/AMX ONNX Runtime's u8 x s8 GEMM adds neighbouring products along K in 16 bits, so
+    there the pass stores int8 codes whose neighbours sum to at most 128 in magnitude (exact on that kernel):
+    its scales at most 2 x 127 / 128 as coarse as the full-range ones (a pair holds at most twice a column's
+    peak) and typically much less, and the prompt's logits as close to the fp32 build's as the block kernels' are."""
     builds = {}
     for name, flags in (("vnni", VNNI_FLAGS), ("avx2", "avx2,fma,f16c")):
         monkeypatch.setenv(ENV, flags)
@@ -131,12 +132,42 @@ def test_without_an_int8_dot_the_pass_keeps_its_codes_as_uint8(tiny_model_dir, t
     layers = m["avx2"].model.hyperparameters.num_layers
     assert "prefill-int8" in m["avx2"].passes
     assert _ops(builds["avx2"], "prefill_16")["MatMulIntegerToFloat"] == 3 * layers
-    name = "model.layers.0.mlp.gate_up_proj.weight.rows8.weight"
-    codes = {k: stored_weight(path, name) for k, path in builds.items()}
-    assert codes["avx2"].dtype == np.uint8 and codes["vnni"].dtype == np.int8
-    assert np.array_equal(codes["avx2"].astype(np.int16) - 128, codes["vnni"])
-    assert "u8 x u8" in m["avx2"].quantization.tensors[name.removesuffix(".weight")].role
+    for proj in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"):
+        name = f"model.layers.0.{proj}.weight.rows8"
+        codes = {k: stored_weight(path, f"{name}.weight") for k, path in builds.items()}          # [in, out]
+        scales = {k: stored_weight(path, f"{name}.scale") for k, path in builds.items()}
+        assert codes["avx2"].dtype == np.int8 and codes["vnni"].dtype == np.int8
+        assert int(pair_sums(codes["avx2"].T).max()) <= PAIR_SUM_LIMIT < int(pair_sums(codes["vnni"].T).max())
+        ratio = scales["avx2"] / scales["vnni"]                  # a pair holds at most twice the peak: <= 2 x 127 / 128
+        assert ratio.min() >= 1.0 and ratio.max() <= 2 * 127 / 128 + 1e-6 and np.median(ratio) <= 1.5, ratio
+        values = {k: codes[k].astype(np.float64) * scales[k] for k in codes}
+        assert np.abs(values["avx2"] - values["vnni"]).max() <= 1.01 * scales["avx2"].max()
+        fmt = m["avx2"].quantization.tensors[name]
+        assert fmt.pair_sum == PAIR_SUM_LIMIT and "pair-bounded" in fmt.role
+        assert m["vnni"].quantization.tensors[name].pair_sum is None
     _assert_as_close_to_fp32_as_the_blocks(tiny_model_dir("llama"), builds["avx2"], tmp_path)
+
+
+def test_pair_bounded_codes_keep_every_pair_within_the_limit():
+    """pair_bounded_codes: per column every neighbouring pair along K (an odd last row with 0) sums to at most
+    PAIR_SUM_LIMIT, the largest |code| is 127 or the largest pair reaches the limit, and each value is off
+    by at most one step (half a step where no pair needed pulling in)."""
+    rng = np.random.default_rng(5)
+    for k_in in (64, 65, 640):
+        w = rng.standard_normal((96, k_in)) * rng.uniform(0.01, 1.0, (96, 1))
+        w[3, :] = 0.0                                            # a column of zeros
+        w[4, 10], w[4, 11] = 3.0, -2.9                           # a pair of peaks: the pair sets the scale
+        codes, scale = pair_bounded_codes(w)
+        assert codes.dtype == np.int8 and scale.dtype == np.float32
+        sums = pair_sums(codes)
+        assert sums.max() <= PAIR_SUM_LIMIT
+        live = np.abs(w).max(axis=1) > 0
+        assert np.all((np.abs(codes).max(axis=1) == 127) | (sums.max(axis=1) >= PAIR_SUM_LIMIT - 1) | ~live)
+        err = np.abs(codes * scale[:, None].astype(np.float64) - w) / np.where(live, scale, 1)[:, None]
+        assert err.max() <= 1.0 + 1e-6
+        assert np.median(err) <= 0.5 + 1e-6
+        assert not codes[3].any()
+        assert abs(int(codes[4, 10])) + abs(int(codes[4, 11])) >= PAIR_SUM_LIMIT - 1
 
 
 def test_without_an_int8_dot_prefill_runs_down_proj_from_a_float32_copy(tiny_model_dir, tmp_path, monkeypatch):
@@ -175,7 +206,7 @@ def test_without_an_int8_dot_prefill_runs_down_proj_from_a_float32_copy(tiny_mod
 
 def test_without_an_int8_dot_decode_runs_the_int8_rows_and_batched_equals_alone(tiny_model_dir, tmp_path, monkeypatch):
     """decode-int8: where the CPU has no int8 dot, every decode graph (decode_1 and decode_n alike) runs
-    gate/up (by default; --decode-int8 all: qkv and o_proj too) on the pass's u8 x u8 rows, the others and
+    gate/up (by default; --decode-int8 all: qkv and o_proj too) on the pass's int8 rows, the others and
     down_proj on their block kernels, never the float32 copy; the manifest lists the pass; --decode-int8 off
     and a VNNI build keep decode on the block kernels. A prompt decoded alone gives the tokens it gives
     beside others (per-row scales: no row depends on another), and its logits stay as close to the fp32
@@ -274,15 +305,15 @@ def test_the_pass_stays_off_where_it_cannot_run():
 
 
 def test_loading_on_a_cpu_without_int8_dot_warns(tiny_model_dir, tmp_path, monkeypatch):
+    vnni = CpuFeatures(tuple(VNNI_FLAGS.split(",")), "t", "x86_64")
     monkeypatch.setenv(ENV, VNNI_FLAGS)
     m = read_manifest(_compile(tiny_model_dir("llama"), tmp_path / "on.calbin", 8))
     assert any("prefill-int8" in w and "saturate" in w for w in load_warnings(m, AVX2))
-    assert not any("prefill-int8" in w for w in load_warnings(m, CpuFeatures(tuple(VNNI_FLAGS.split(",")), "t", "x86_64")))
-    monkeypatch.setenv(ENV, "avx2,fma,f16c")     # the AVX2 build (uint8 codes) is exact there, slower on VNNI
+    assert not any("prefill-int8" in w for w in load_warnings(m, vnni))
+    monkeypatch.setenv(ENV, "avx2,fma,f16c")     # the AVX2 build (pair-bounded codes) is exact there, coarser than VNNI needs
     m2 = read_manifest(_compile(tiny_model_dir("llama"), tmp_path / "avx2.calbin", 8))
     assert not any("prefill-int8" in w for w in load_warnings(m2, AVX2))
-    assert any("u8 x u8" in w and "recompile" in w
-               for w in load_warnings(m2, CpuFeatures(tuple(VNNI_FLAGS.split(",")), "t", "x86_64")))
+    assert any("pair-bounded" in w and "recompile" in w for w in load_warnings(m2, vnni))
 
 
 def _store_with(w: np.ndarray, name: str) -> WeightStore:

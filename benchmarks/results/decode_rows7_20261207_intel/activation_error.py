@@ -5,6 +5,8 @@ simulated in numpy on the model's own activations:
                                                     # far enough to calibrate, and saves each projection's
                                                     # calibration inputs x [512, in] and exact weights W [out, in]
     python activation_error.py simulate ACTS.npz
+    python activation_error.py weights ACTS.npz     # the weight side: 7-bit and pair-bounded codes
+                                                    # (compiler/int8_pairs.py; results/int8_pairs_20261207_intel)
 
 Per projection (qkv, o_proj, gate/up of 18 layers), the relative error ||y' - y|| / ||y|| of y = x W^T over the
 512 calibration tokens (the same tokens the outlier channels were picked on), mean and worst over layers:
@@ -102,5 +104,52 @@ def simulate(path: str) -> None:
             print(f"  {label:40s} mean {np.mean(e):.4f}  worst {np.max(e):.4f}")
 
 
+def weights(path: str) -> None:
+    """The weight side of the same GEMM (8-bit rows, 32 outlier channels): full-range, 7-bit and pair-bounded
+    per-column codes (neighbours along K, or rows paired largest with smallest by their peak), with the
+    pair-bounded scale's growth over the full-range one."""
+    from calculet.compiler.int8_pairs import pair_bounded_codes
+
+    def paired(w, order=None):
+        order = np.arange(w.shape[1]) if order is None else order
+        codes, scale = pair_bounded_codes(w[:, order])
+        out = np.empty_like(w)
+        out[:, order] = codes * scale[:, None].astype(np.float64)
+        return out, scale / np.maximum(np.abs(w).max(axis=1) / 127, 1e-30)
+
+    data = np.load(path)
+    names = sorted({k[2:] for k in data.files if k.startswith("w:")}, key=lambda n: (int(n.split(".")[2]), n))
+    errors, growth = {}, {}
+    for name in names:
+        x, w = data["x:" + name].astype(np.float64), data["w:" + name].astype(np.float64)
+        n = x.shape[1]
+        y = x @ w.T
+        ids = np.argsort(-np.abs(x).max(axis=0))[:min(32, n // 8)]
+        mask = np.ones(n)
+        mask[ids] = 0
+        xi, wi = per_row(x * mask, 127), w * mask
+        by_peak = np.argsort(-np.abs(wi).max(axis=0))
+        by_peak = np.stack([by_peak[: n // 2], by_peak[n // 2:][::-1]], axis=1).reshape(-1)
+        neighbours, g1 = paired(wi)
+        magnitude, g2 = paired(wi, by_peak)
+        growth.setdefault("neighbours", []).extend(g1)
+        growth.setdefault("by peak", []).extend(g2)
+        variants = {"full-range codes (served with VNNI/AMX)": per_column(wi),
+                    "7-bit codes": np.clip(np.round(wi / (s := np.maximum(np.abs(wi).max(axis=1), 1e-30)[:, None] / 63)),
+                                           -63, 63) * s,
+                    "pair-bounded, neighbours along K": neighbours,
+                    "pair-bounded, rows paired by peak": magnitude}
+        kind = name.split(".")[-2]
+        for label, wq in variants.items():
+            approx = xi @ wq.T + x[:, ids] @ w[:, ids].T
+            errors.setdefault(kind, {}).setdefault(label, []).append(np.linalg.norm(approx - y) / np.linalg.norm(y))
+    for how, g in growth.items():
+        print(f"pair-bounded scale / full-range scale, {how}: median {np.median(g):.3f}  p90 {np.percentile(g, 90):.3f}")
+    for kind, table in errors.items():
+        print(kind)
+        for label, e in table.items():
+            print(f"  {label:40s} mean {np.mean(e):.4f}  worst {np.max(e):.4f}")
+
+
 if __name__ == "__main__":
-    {"capture": capture, "simulate": simulate}[sys.argv[1]](sys.argv[2])
+    {"capture": capture, "simulate": simulate, "weights": weights}[sys.argv[1]](sys.argv[2])

@@ -27,8 +27,8 @@ the int4 bounds ask; max logit error 6.4-6.8; over 100 prompts 0.60 and perplexi
 the GGUF's 4- and 6-bit grids re-quantized to int4 blocks compound), so `auto` no longer picks it.
 The AVX2 build differs from the VNNI one in its u8 x s8 GEMMs instead, because there that kernel adds
 pairs of products in 16 bits and saturates (CpuFeatures.int8_code_range): the prefill-int8 pass stores
-its codes as uint8 (the exact u8 x u8 kernel) and the coarse head's several-row int8 copy keeps 7-bit
-codes. CALCULET_CPU_FEATURES simulates another CPU.
+pair-bounded codes (compiler/int8_pairs.py: neighbours along K within 128 in magnitude, which that kernel
+multiplies exactly) and the coarse head's several-row int8 copy keeps 7-bit codes. CALCULET_CPU_FEATURES simulates another CPU.
 """
 
 from __future__ import annotations
@@ -129,16 +129,23 @@ def load_warnings(manifest, now: CpuFeatures) -> list[str]:
             out.append(f"`--weights auto` would choose {here!r} on this CPU ({now.label}); this calbin holds "
                        f"{isa.choice.chosen!r}: recompile on this machine for its fastest policy")
     if "prefill-int8" in manifest.passes:
-        stored = {t.dtype for t in manifest.weights.tensors if t.name.endswith(".rows8.weight")}
-        if stored == {"int8"} and now.int8_code_range < 127:
+        quant = manifest.quantization.tensors
+        kinds = {"uint8" if t.dtype == "uint8" else
+                 "paired" if getattr(quant.get(t.name.removesuffix(".weight")), "pair_sum", None) else "full"
+                 for t in manifest.weights.tensors if t.name.endswith(".rows8.weight")}
+        if "full" in kinds and now.int8_code_range < 127:
             out.append(f"this calbin's prefill chunks use per-token u8 x s8 GEMMs with full-range codes (the "
                        f"prefill-int8 pass), built on a CPU with an int8 dot product; on this one ({now.label}) ONNX "
                        "Runtime's kernel saturates 16-bit pair sums and prefill logits may drift: recompile on this "
-                       "machine (the pass then stores its codes as uint8 for the exact u8 x u8 kernel)")
-        elif stored == {"uint8"} and now.int8_code_range == 127:
-            out.append(f"this calbin's prefill chunks use u8 x u8 GEMMs (the prefill-int8 pass as built for a CPU "
-                       f"without an int8 dot product); this one ({now.label}) has one, where u8 x s8 is about twice as "
-                       "fast: recompile on this machine")
+                       "machine (the pass then stores pair-bounded codes, which that kernel multiplies exactly)")
+        elif "paired" in kinds and now.int8_code_range == 127:
+            out.append(f"this calbin's prefill chunks use pair-bounded int8 codes (the prefill-int8 pass as built for "
+                       f"a CPU without an int8 dot product: about 0.4 bits coarser); this one ({now.label}) has one and "
+                       "multiplies full-range codes exactly: recompile on this machine")
+        elif "uint8" in kinds:
+            out.append(f"this calbin's prefill chunks use u8 x u8 GEMMs (the prefill-int8 pass as built before "
+                       f"pair-bounded codes); on this CPU ({now.label}) u8 x s8 is 1.3-2x as fast: recompile on this "
+                       "machine")
     wide = wide_int8_tensors(manifest, now)
     if wide:
         out.append(f"{', '.join(wide)}: full-range int8 codes for a u8 x s8 GEMM, built on a CPU with an int8 dot "

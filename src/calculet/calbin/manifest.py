@@ -214,6 +214,8 @@ class TensorFormat:
     role: str | None = None             # a helper copy's job, e.g. the coarse lm_head's candidate selection
     code_range: int | None = None       # int8 codes for u8 x s8 GEMMs: the largest |code| (127, or 63 for a CPU
                                         # without an int8 dot product: cpu_features.PAIR_SAFE_INT8_RANGE)
+    pair_sum: int | None = None         # int8 codes whose neighbours along K sum to at most this in magnitude
+                                        # (compiler/int8_pairs.py: exact on an AVX2 u8 x s8 kernel)
 
     @property
     def quantized(self) -> bool:

@@ -61,7 +61,7 @@ def add_parser(sub) -> None:
                         "chip, --target cpu; off by itself elsewhere (default 32; 0: off)")
     p.add_argument("--decode-int8", default="gate-up", metavar="gate-up|all|off",
                    help="where the prefill-int8 pass runs on an x86 CPU without an int8 dot product (AVX2 only), the "
-                        "projections decode steps run on its int8 rows too (the exact u8 x u8 GEMM; the others, and "
+                        "projections decode steps run on its int8 rows too (pair-bounded codes for the u8 x s8 GEMM; the others, and "
                         "down_proj always, on the block kernels): gate-up (the default), all (qkv, o_proj and gate/up), "
                         "off. On a Zen 4's AVX2 view, against all: gate-up 0.91x the 1-lane step and 1.03x the 8-lane "
                         "one, off 0.89x and 1.10x. Elsewhere decode keeps the block kernels")

@@ -46,14 +46,17 @@ layers); in a torch simulation over the golden set, teacher-forced agreement 0.9
 qkv and gate/up, 0.984 with o_proj as well (the block kernels: 0.964).
 
 On a CPU without an int8 dot product (x86 without VNNI/AMX) ONNX Runtime's u8 x s8 kernel adds pairs
-of products in 16 bits (vpmaddubsw) and saturates with full-range codes, while its u8 x u8 kernel
-widens to 16 bits first and is exact. There the weights are stored as uint8 (the int8 codes + 128,
-zero point 128): the same codes, so the same numerics as the VNNI build, at 1.3x the u8 x s8 time
-(128 x 640 x 4,096 through benchmarks/isa_view: 2.83 against 2.16 ms, which saturates). A 200-token
-prefill there took 0.76x the block kernels' time (406 against 538 ms), and gate F passes; 7-bit
-signed codes were faster (0.62x) but failed gate F's top-10 overlap. CpuFeatures.int8_code_range
-says which CPU is which. There down_proj, which stays off the int8 GEMM, runs in prefill chunks as a
-float32 GEMM from a float32 copy of its block values (FLOAT32_PREFILL): faster than the emulated
+of products in 16 bits (vpmaddubsw) and saturates with full-range codes. There the codes are
+pair-bounded (compiler/int8_pairs.py: neighbours along K within 128 in magnitude, about 0.4 bits
+coarser per column), which that kernel multiplies exactly. Until 2026-12-07 they were stored as uint8
+for the exact u8 x u8 kernel, the full-range codes at 1.7x the u8 x s8 time (18 products [640 -> 4,096]
+at 8 rows through a Xeon's AVX2 view: 8.5 against 5.1 ms); against that build, through the same view,
+a 200-token prefill 0.94x, a 1,000-token one 0.88x, the decode step 0.95x at one lane and 0.92x at 8
+(gate/up on the rows), teacher-forced agreement on the 100-prompt set 0.9756 -> 0.9716 and gate F
+passing (docs/NUMERICS.md). Against the block kernels a 200-token prefill there took 0.76x the time
+(406 against 538 ms, the u8 x u8 build); 7-bit codes were faster (0.62x) but failed gate F's top-10
+overlap. CpuFeatures.int8_code_range says which CPU is which. There down_proj, which stays off the
+int8 GEMM, runs in prefill chunks as a float32 GEMM from a float32 copy of its block values (FLOAT32_PREFILL): faster than the emulated
 8-bit block kernel, and closer to the reference (on a real AVX2-only EPYC, default model, 8 lanes,
 context 1,024: a 201-token prefill 0.87-0.91x, gate F teacher-forced 0.9479 -> 0.9740, worst max
 logit error 0.81 -> 0.35; docs/NUMERICS.md).
@@ -84,6 +87,7 @@ from pathlib import Path
 import numpy as np
 
 from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
+from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, pair_bounded_codes
 from calculet.compiler.quantize import int8_block_values
 from calculet.cpu_features import FULL_INT8_RANGE, CpuFeatures
 from calculet.models.base import ModelSpec
@@ -167,7 +171,8 @@ def decode_int8(options, cpu: CpuFeatures | None) -> tuple[str, ...]:
     and 1.10x. With VNNI or AMX it did not pay (all three: 0.98x and 0.91x at 8 lanes, 1.04x and 1.11x at one;
     gate/up alone on an AMX Xeon 0.946x and 0.989x, through its no-AMX view 0.961x and 1.026x, for teacher-forced
     agreement 0.9772 -> 0.9728 natively: benchmarks/RESULTS.md, 2026-12-07 (5)). Where there is no int8 dot the
-    rows stay u8 x u8: the faster u8 x s8 kernel is exact there only with 7-bit activations, which failed gate F."""
+    rows are pair-bounded for the u8 x s8 kernel (compiler/int8_pairs.py); the figures above were taken on
+    their u8 x u8 predecessor."""
     if cpu is None or not getattr(options, "prefill_int8_outliers", 0) or not float32_prefill(cpu):
         return ()
     return DECODE_INT8[getattr(options, "decode_int8", "gate-up")]
@@ -283,7 +288,7 @@ def add_weights(store, record: dict, outliers: dict[str, np.ndarray], code_range
     scales [out] and the outlier rows in float32 [k, out] (stored); their ids [k] go inline into the
     prefill graphs and into the quantization record. W is the block codes' exact value. Where the
     CPU's u8 x s8 GEMM would saturate (`code_range` below 127: CpuFeatures.int8_code_range) the codes
-    are stored as uint8 around 128, for the exact u8 x u8 kernel."""
+    are pair-bounded (compiler/int8_pairs.py)."""
     for weight, ids in outliers.items():
         w = int8_block_values(store, weight)                                                     # [out, in]
         role = (f"{len(ids)} input channels in float32 ({weight}.outliers): "
@@ -348,20 +353,25 @@ def add_two_level_weights(spec: ModelSpec, store, record: dict, code_range: int 
 def _add_rows8(store, record: dict, weight: str, w: np.ndarray, ids: np.ndarray, code_range: int, what: str,
                role: str) -> None:
     """`<weight>.rows8`: w [out, in] with the input rows `ids` zeroed as int8 per output column [in, out]
-    (uint8 around 128 where `code_range` is below 127) and its scales [out]."""
-    unsigned = code_range < FULL_INT8_RANGE
+    and its scales [out]. Where `code_range` is below 127 (a CPU whose u8 x s8 GEMM adds pairs of products
+    in 16 bits) the codes are pair-bounded (compiler/int8_pairs.py), so that kernel never saturates."""
+    paired = code_range < FULL_INT8_RANGE
     inliers = w.copy()
     inliers[:, ids] = 0.0
-    scale = np.maximum(np.abs(inliers).max(axis=1), 1e-30) / 127.0                              # [out]
-    codes8 = np.clip(np.round(inliers / scale[:, None]), -127, 127).astype(np.int8)
-    stored = (codes8.astype(np.int16) + 128).astype(np.uint8) if unsigned else codes8
-    store.add(f"{weight}.rows8.weight", np.ascontiguousarray(stored.T))                          # [in, out]
+    if paired:
+        codes8, scale = pair_bounded_codes(inliers)
+    else:
+        scale = np.maximum(np.abs(inliers).max(axis=1), 1e-30) / 127.0                          # [out]
+        codes8 = np.clip(np.round(inliers / scale[:, None]), -127, 127).astype(np.int8)
+    store.add(f"{weight}.rows8.weight", np.ascontiguousarray(codes8.T))                          # [in, out]
     store.add(f"{weight}.rows8.scale", scale.astype(np.float32))
-    err = float(np.abs(codes8 * scale[:, None] - inliers).max(initial=0.0))
+    err = float(np.abs(codes8 * scale[:, None].astype(np.float64) - inliers).max(initial=0.0))
     record[f"{weight}.rows8"] = {"kind": "int8", "block": store.quant(weight).k, "compute": "int8",
                                  "module": record[weight]["module"], "max_abs_error": err,
+                                 **({"pair_sum": PAIR_SUM_LIMIT} if paired else {}),
                                  "role": f"prefill chunks: {what}"
-                                         f"{' (codes stored as uint8 + 128: u8 x u8)' if unsigned else ''}; {role}"}
+                                         f"{f' (codes pair-bounded: |c[2j]| + |c[2j+1]| <= {PAIR_SUM_LIMIT})' if paired else ''}"
+                                         f"; {role}"}
 
 
 def add_float32_copies(spec: ModelSpec, store, record: dict) -> None:

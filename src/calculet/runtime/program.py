@@ -8,7 +8,7 @@ session prepacks (measured about 1.6x faster per step on the default model); pre
 not, and read the shared mapping directly (about 1.2x slower per chunk, no extra copy). In a
 quantized calbin MatMulNBits has no fast path without prepacking, so a prefill graph that holds one
 prepacks too. A quantized prefill graph with float32 copies of 8-bit weights (the prefill-int8 pass
-on a CPU without an int8 dot product: u8 x u8 GEMMs and down_proj as a float32 MatMul) prepacks in the
+on a CPU without an int8 dot product: u8 x s8 GEMMs and down_proj as a float32 MatMul) prepacks in the
 largest chunk alone, which carries most prompt tokens: there each chunk session held its own ~190 MB
 of prepacked copies (the default model served 1.61 GiB peak through benchmarks/isa_view, 1.42 with
 this rule), while the smaller chunks run about 1.1-1.25x slower from the mapping (a 200-token prompt,
