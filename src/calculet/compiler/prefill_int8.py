@@ -88,11 +88,12 @@ import numpy as np
 
 from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
 from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, pair_bounded_codes
-from calculet.compiler.quantize import int8_block_values
+from calculet.compiler.quantize import QuantFormat, int8_block_values
 from calculet.cpu_features import FULL_INT8_RANGE, CpuFeatures
 from calculet.models.base import ModelSpec
 
 CALIBRATION_TOKENS = 128   # one prefill chunk per passage
+INT8_COMPUTE = QuantFormat("int8", 32, "int8").accuracy_level   # MatMulNBits' accuracy_level for int8 compute
 CALIBRATION_PASSAGES = 4
 # Characters of calculet.reference.texts.english_docs_text() the calibration reads: away from its start,
 # which the perplexity evaluation and the reference sets' fillers read.
@@ -140,7 +141,10 @@ class Projection:
 
 
 def projections(spec: ModelSpec, store) -> list[Projection]:
-    """The projections of PROJECTED that the store holds as int8 blocks, with the probes of their inputs."""
+    """The projections of PROJECTED that the store holds as int8 blocks with int8 compute, with the probes of
+    their inputs. A weight-only int8 block (fp32 compute: the `int8` policy, `--quant X=int8`) is a numerics
+    reference for the weights' error alone, so its activations are never quantized: it keeps its block kernel
+    (on tiny random models, W8A8 prefill chunks had pushed the int8 policy's logprob error past its bound)."""
     mlp_norm = "pre_feedforward_layernorm" if spec.family == "gemma3" else "post_attention_layernorm"
     out = []
     for i in range(spec.num_layers):
@@ -148,7 +152,7 @@ def projections(spec: ModelSpec, store) -> list[Projection]:
         for suffix, source in PROJECTED.items():
             weight = p + suffix
             q = store.quant(weight)
-            if q is not None and q.bits == 8:
+            if q is not None and q.bits == 8 and q.accuracy_level == INT8_COMPUTE:
                 out.append(Projection(weight, f"{p}.{mlp_norm if source == MLP_NORM else source}"))
     return out
 

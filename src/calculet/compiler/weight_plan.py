@@ -242,12 +242,14 @@ def _prefill_int8(tensors: list[StoredTensor], k: int, float32_prefill: bool,
     FLOAT32_PREFILL gets a float32 copy [in, out]; on a CPU with AMX, add_two_level_weights: each
     int8 weight of TWO_LEVEL_PREFILL gets per-column int8 codes [in, out] with scales."""
     out = []
-    for t in tensors:
-        if t.fmt.kind == "int8" and t.name.endswith(tuple(PROJECTED)):
+    for t in tensors:   # as prefill_int8.projections: int8 blocks with int8 compute (not the weight-only reference)
+        if t.fmt.kind == "int8" and t.fmt.compute == "int8" and t.name.endswith(tuple(PROJECTED)):
             n, h = t.shape
             out.append(StoredTensor(f"{t.name}.rows8", t.module, (n, h), QuantFormat("int8", h, "int8"), COPY))
             if k:
                 out.append(StoredTensor(f"{t.name}.outliers.weight", t.module, (outlier_count(k, h), n), FP32, COPY))
+    if not out:   # no projection to run that way: compile turns the pass off
+        return []
     if float32_prefill:
         out += [StoredTensor(f"{t.name}.f32", t.module, t.shape, FP32, COPY) for t in tensors
                 if t.fmt.kind == "int8" and t.name.endswith(FLOAT32_PREFILL)]
