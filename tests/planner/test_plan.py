@@ -265,9 +265,14 @@ def test_default_policy_is_the_compilers_w8a8(qwen3_moe):
 
 
 def test_w8a8_weights_take_the_same_bytes_as_int8(qwen3_moe):
+    """The same int8 blocks; only w8a8 (int8 compute) takes the prefill-int8 pass's copies, which a weight-only
+    int8 block never gets (its activations are not quantized)."""
     a = plan_capacity(qwen3_moe, _request(weights="int8"))
     b = plan_capacity(qwen3_moe, _request(weights="w8a8"))
-    assert a.params.bytes_per_chip == b.params.bytes_per_chip
+    b_off = plan_capacity(qwen3_moe, _request(weights="w8a8", prefill_int8_outliers=0))
+    assert a.params.bytes_per_chip == b_off.params.bytes_per_chip <= b.params.bytes_per_chip
+    assert plan_capacity(qwen3_moe, _request(weights="int8", prefill_int8_outliers=0)).params.bytes_per_chip == \
+        a.params.bytes_per_chip
     assert a.params.bytes_per_chip < plan_capacity(qwen3_moe, _request()).params.bytes_per_chip
 
 
