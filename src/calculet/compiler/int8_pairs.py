@@ -57,4 +57,3 @@ def pair_bounded_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes = codes.astype(np.int8)
     assert int(pair_sums(codes).max(initial=0)) <= PAIR_SUM_LIMIT
     return codes, scale.astype(np.float32)
-

@@ -88,12 +88,11 @@ import numpy as np
 
 from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
 from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, pair_bounded_codes
-from calculet.compiler.quantize import QuantFormat, int8_block_values
+from calculet.compiler.quantize import INT8_ACCURACY_LEVEL, int8_block_values
 from calculet.cpu_features import FULL_INT8_RANGE, CpuFeatures
 from calculet.models.base import ModelSpec
 
 CALIBRATION_TOKENS = 128   # one prefill chunk per passage
-INT8_COMPUTE = QuantFormat("int8", 32, "int8").accuracy_level   # MatMulNBits' accuracy_level for int8 compute
 CALIBRATION_PASSAGES = 4
 # Characters of calculet.reference.texts.english_docs_text() the calibration reads: away from its start,
 # which the perplexity evaluation and the reference sets' fillers read.
@@ -152,7 +151,7 @@ def projections(spec: ModelSpec, store) -> list[Projection]:
         for suffix, source in PROJECTED.items():
             weight = p + suffix
             q = store.quant(weight)
-            if q is not None and q.bits == 8 and q.accuracy_level == INT8_COMPUTE:
+            if q is not None and q.bits == 8 and q.accuracy_level == INT8_ACCURACY_LEVEL:
                 out.append(Projection(weight, f"{p}.{mlp_norm if source == MLP_NORM else source}"))
     return out
 
@@ -370,12 +369,11 @@ def _add_rows8(store, record: dict, weight: str, w: np.ndarray, ids: np.ndarray,
     store.add(f"{weight}.rows8.weight", np.ascontiguousarray(codes8.T))                          # [in, out]
     store.add(f"{weight}.rows8.scale", scale.astype(np.float32))
     err = float(np.abs(codes8 * scale[:, None].astype(np.float64) - inliers).max(initial=0.0))
+    coding = f" (codes pair-bounded: |c[2j]| + |c[2j+1]| <= {PAIR_SUM_LIMIT})" if paired else ""
     record[f"{weight}.rows8"] = {"kind": "int8", "block": store.quant(weight).k, "compute": "int8",
                                  "module": record[weight]["module"], "max_abs_error": err,
                                  **({"pair_sum": PAIR_SUM_LIMIT} if paired else {}),
-                                 "role": f"prefill chunks: {what}"
-                                         f"{f' (codes pair-bounded: |c[2j]| + |c[2j+1]| <= {PAIR_SUM_LIMIT})' if paired else ''}"
-                                         f"; {role}"}
+                                 "role": f"prefill chunks: {what}{coding}; {role}"}
 
 
 def add_float32_copies(spec: ModelSpec, store, record: dict) -> None:

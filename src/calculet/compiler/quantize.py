@@ -23,6 +23,7 @@ from calculet.errors import RequestError
 
 _GRID_CANDIDATES = (127, 16, 15, 32, 31, 64, 63, 8, 7, 4, 3, 2, 1)
 _GRID_SAMPLE = 4     # values of a block _block_scales tests before the whole block
+INT8_ACCURACY_LEVEL = 4   # MatMulNBits' accuracy_level for int8 compute (dynamic int8 activations)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class QuantFormat:
 
     @property
     def accuracy_level(self) -> int:
-        return 4 if self.compute == "int8" else 1
+        return INT8_ACCURACY_LEVEL if self.compute == "int8" else 1
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "block": self.block, "compute": self.compute}
