@@ -9,6 +9,7 @@ from calculet.calbin.isa import choose_policy, load_warnings
 from calculet.calbin.manifest import read_manifest
 from calculet.compiler.compile import compile_calbin
 from calculet.compiler.isa_policy import resolve_weights
+from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, pair_sums
 from calculet.compiler.options import CompileOptions
 from calculet.cpu_features import ENV, CpuFeatures
 from calbin_weights import stored_weight
@@ -76,9 +77,11 @@ def test_auto_compile_records_the_choice_and_load_warns_on_a_lesser_cpu(tiny_mod
     assert m2.quantization.policy == "default" and "AVX2 without VNNI" in m2.isa.choice.reason
     assert "gate F" in m2.isa.choice.reason       # why not w4a8, which is faster there
     assert {t.kind for t in m2.quantization.tensors.values() if t.module == "mlp" and t.role is None} == {"int8"}
-    assert m2.quantization.tensors["lm_head.coarse8"].code_range == 63
-    codes = stored_weight(out2, "lm_head.coarse8.weight")
-    assert codes.dtype.name == "int8" and int(abs(codes.astype(int)).max()) == 63   # 7 bits, used to the full
+    coarse8 = m2.quantization.tensors["lm_head.coarse8"]
+    assert coarse8.pair_sum == PAIR_SUM_LIMIT and "pair-bounded" in coarse8.role
+    codes = stored_weight(out2, "lm_head.coarse8.weight")                        # [H, V]: pairs along H
+    assert codes.dtype.name == "int8" and int(pair_sums(codes.T).max()) == PAIR_SUM_LIMIT   # bounded, used to the full
+    assert int(abs(codes.astype(int)).max()) > 63                                 # wider than 7-bit codes
     assert load_warnings(m2, AVX2) == []
     assert [w for w in load_warnings(m2, VNNI) if "pair-bounded" not in w] == []   # only: its prefill codes are coarser there
 

@@ -28,7 +28,8 @@ the GGUF's 4- and 6-bit grids re-quantized to int4 blocks compound), so `auto` n
 The AVX2 build differs from the VNNI one in its u8 x s8 GEMMs instead, because there that kernel adds
 pairs of products in 16 bits and saturates (CpuFeatures.int8_code_range): the prefill-int8 pass stores
 pair-bounded codes (compiler/int8_pairs.py: neighbours along K within 128 in magnitude, which that kernel
-multiplies exactly) and the coarse head's several-row int8 copy keeps 7-bit codes. CALCULET_CPU_FEATURES simulates another CPU.
+multiplies exactly), and so does the coarse head's several-row int8 copy (7-bit codes until 2026-12-07).
+CALCULET_CPU_FEATURES simulates another CPU.
 """
 
 from __future__ import annotations
@@ -107,11 +108,12 @@ def slow_8bit_tensors(manifest) -> int:
 
 def wide_int8_tensors(manifest, now: CpuFeatures) -> list[str]:
     """The int8 tensors meant for u8 x s8 GEMMs whose codes exceed what `now`'s kernel multiplies exactly
-    (CpuFeatures.int8_code_range). A calbin from before the field stored 127."""
+    (CpuFeatures.int8_code_range). Pair-bounded codes (`pair_sum`) are exact on every kernel; a calbin from
+    before the `code_range` field stored 127."""
     limit = now.int8_code_range
-    return [name for name, f in manifest.quantization.tensors.items()
-            if f.code_range is not None and f.code_range > limit
-            or f.code_range is None and name == "lm_head.coarse8" and limit < 127]
+    return [name for name, f in manifest.quantization.tensors.items() if f.pair_sum is None and (
+            f.code_range is not None and f.code_range > limit
+            or f.code_range is None and name == "lm_head.coarse8" and limit < 127)]
 
 
 def load_warnings(manifest, now: CpuFeatures) -> list[str]:
@@ -151,7 +153,7 @@ def load_warnings(manifest, now: CpuFeatures) -> list[str]:
         out.append(f"{', '.join(wide)}: full-range int8 codes for a u8 x s8 GEMM, built on a CPU with an int8 dot "
                    f"product; on this one ({now.label}) ONNX Runtime adds pairs of products in 16 bits and saturates, "
                    "so those products drift (the coarse head's candidates are still rescored exactly): recompile on "
-                   "this machine (its codes then keep 7 bits)")
+                   "this machine (its codes are then pair-bounded)")
     slow = slow_8bit_tensors(manifest)
     if manifest.target == "cpu" and slow:
         out.append(f"{slow} weight(s) use {SLOW_8BIT}; recompile with --weights default (the same int8 "

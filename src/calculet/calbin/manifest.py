@@ -212,8 +212,8 @@ class TensorFormat:
     exact_blocks: float | None = None   # share of blocks re-encoded exactly (values already on a grid)
     max_abs_error: float | None = None
     role: str | None = None             # a helper copy's job, e.g. the coarse lm_head's candidate selection
-    code_range: int | None = None       # int8 codes for u8 x s8 GEMMs: the largest |code| (127, or 63 for a CPU
-                                        # without an int8 dot product: cpu_features.PAIR_SAFE_INT8_RANGE)
+    code_range: int | None = None       # int8 codes for u8 x s8 GEMMs: the largest |code| (127; 63 in a coarse head
+                                        # built before 2026-12-07 for a CPU without an int8 dot product)
     pair_sum: int | None = None         # int8 codes whose neighbours along K sum to at most this in magnitude
                                         # (compiler/int8_pairs.py: exact on an AVX2 u8 x s8 kernel)
 

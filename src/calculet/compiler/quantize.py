@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, pair_bounded_codes
 from calculet.compiler.weights import QuantInfo
 from calculet.cpu_features import FULL_INT8_RANGE
 from calculet.errors import RequestError
@@ -312,6 +313,13 @@ def int8_block_values(store, name: str) -> np.ndarray:
     return ((codes.astype(np.float32) - 128.0) * scales[:, :, None]).reshape(info.n, info.k)
 
 
+# COARSE8_PAIRED: why the several-row coarse copy is pair-bounded rather than 7-bit where the CPU has no
+# int8 dot (it was 7-bit until 2026-12-07). Over 2,855 final hidden states of the default model (the 16
+# reference passages, teacher-forced and continued greedily, and English docs text, from the fp32
+# reference; benchmarks/results/coarse_head_20261207_intel/), the exact head's top token ranked at worst 43rd
+# among 7-bit coarse logits and 16th among pair-bounded ones (full-range codes: 20th), and all of its
+# top 64 were among the 128 candidates at 98.4 % of the positions with 7-bit codes and 99.7 % with
+# pair-bounded or full-range ones. The kernel, and so the time, is the same.
 def _add_coarse_head(spec, store, record: dict, table: dict, code_range: int = FULL_INT8_RANGE) -> None:
     """The "coarse-head" pass: an int4 copy of an int8 lm_head picks K candidates per row, and the
     candidates are rescored exactly from the int8 codes (GatherBlockQuantized rows . hidden). The
@@ -337,12 +345,22 @@ def _add_coarse_head(spec, store, record: dict, table: dict, code_range: int = F
                                 "max_abs_error": put.max_abs_error, "role": "candidate selection (1 row); rescored from " + head}
     # For several rows at once ONNX Runtime's int8 GEMM (DynamicQuantizeMatMul, per-column scales)
     # beats the block kernels: measured 9.2 ms vs 13.0 ms (int4) for 8 rows of the default model's head.
-    # Its u8 x s8 GEMM saturates 16-bit pair sums on x86 without VNNI/AMX: there the codes keep 7 bits.
-    scale = np.maximum(np.abs(w).max(axis=1), 1e-30) / code_range                  # [V]
-    codes8 = np.clip(np.round(w / scale[:, None]), -code_range, code_range).astype(np.int8)  # [V, H]
+    # Its u8 x s8 GEMM saturates 16-bit pair sums on x86 without VNNI/AMX: there the codes are pair-bounded
+    # along H (compiler/int8_pairs.py), which that kernel multiplies exactly. Pair-bounded codes pick
+    # better candidates than 7-bit ones in the same time (COARSE8_PAIRED above).
+    paired = code_range < FULL_INT8_RANGE
+    if paired:
+        codes8, scale = pair_bounded_codes(w)                                      # [V, H], [V]
+    else:
+        scale = (np.maximum(np.abs(w).max(axis=1), 1e-30) / FULL_INT8_RANGE).astype(np.float32)  # [V]
+        codes8 = np.clip(np.round(w / scale[:, None]), -FULL_INT8_RANGE, FULL_INT8_RANGE).astype(np.int8)
     store.add("lm_head.coarse8.weight", np.ascontiguousarray(codes8.T))            # [H, V]
     store.add("lm_head.coarse8.scale", scale.astype(np.float32))
-    err = float(np.abs(codes8 * scale[:, None] - w).max())
+    err = float(np.abs(codes8 * scale[:, None].astype(np.float64) - w).max())
+    coding = f"; codes pair-bounded: |c[2j]| + |c[2j+1]| <= {PAIR_SUM_LIMIT}" if paired else ""
     record["lm_head.coarse8"] = {"kind": "int8", "block": info.k, "compute": "int8", "module": "lm_head",
-                                 "exact_blocks": 0.0, "max_abs_error": err, "code_range": code_range,
-                                 "role": "candidate selection (several rows, per-column scales); rescored from " + head}
+                                 "exact_blocks": 0.0, "max_abs_error": err, "code_range": FULL_INT8_RANGE,
+                                 **({"pair_sum": PAIR_SUM_LIMIT} if paired else {}),
+                                 "role": f"candidate selection (several rows, per-column scales{coding}); "
+                                         f"rescored from {head}"}
+
