@@ -36,6 +36,8 @@ INT8_DOT = ("amx_int8", "avx512_vnni", "avx_vnni")  # any of these: int8 dot pro
 # adds each pair of products in 16 bits with saturation (vpmaddubsw): 2 x 255 x 127 overflows 32,767, while
 # 2 x 255 x 63 = 32,130 fits. Measured through benchmarks/isa_view on the default model's 8-row coarse head:
 # full-range codes moved coarse logits by up to 29 % of the row's largest; 7-bit codes match the VNNI result.
+# int8_code_range below 127 tells the compiler to store pair-bounded codes instead (compiler/int8_pairs.py: any
+# |code| up to 127, neighbours along K summing to at most 128), which that kernel multiplies exactly too.
 FULL_INT8_RANGE, PAIR_SAFE_INT8_RANGE = 127, 63
 
 
