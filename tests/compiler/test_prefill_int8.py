@@ -20,7 +20,7 @@ from calculet.calbin.manifest import read_manifest
 from calculet.compiler import prefill_int8
 from calculet.compiler.builder import GraphBuilder
 from calculet.compiler.compile import compile_calbin
-from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, pair_bounded_codes, pair_sums
+from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, column_codes, pair_bounded_codes, pair_sums
 from calculet.compiler.options import CompileOptions
 from calculet.compiler.quantize import QuantFormat, quantize
 from calculet.compiler.weights import QuantInfo, WeightStore
@@ -168,6 +168,23 @@ def test_pair_bounded_codes_keep_every_pair_within_the_limit():
         assert np.median(err) <= 0.5 + 1e-6
         assert not codes[3].any()
         assert abs(int(codes[4, 10])) + abs(int(codes[4, 11])) >= PAIR_SUM_LIMIT - 1
+
+
+def test_column_codes_are_full_range_or_pair_bounded():
+    """column_codes (the prefill-int8 rows and the coarse head's several-row copy): full range puts each live
+    column's largest |value| on code 127 and rounds the rest to nearest; pair-bounded is pair_bounded_codes."""
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((64, 128)) * rng.uniform(0.01, 1.0, (64, 1))).astype(np.float32)
+    w[7] = 0.0
+    codes, scale = column_codes(w, pair_bounded=False)
+    assert codes.dtype == np.int8 and scale.dtype == np.float32
+    live = np.arange(64) != 7
+    assert np.all(np.abs(codes[live]).max(axis=1) == 127) and not codes[7].any()
+    assert np.abs(codes[live] * scale[live, None] - w[live]).max() <= 0.5 * scale.max() * (1 + 1e-6)
+    assert pair_sums(codes).max() > PAIR_SUM_LIMIT                 # full range: pairs past the AVX2 limit
+    paired, paired_scale = column_codes(w, pair_bounded=True)
+    expected = pair_bounded_codes(w)
+    assert np.array_equal(paired, expected[0]) and np.array_equal(paired_scale, expected[1])
 
 
 def test_without_an_int8_dot_prefill_runs_down_proj_from_a_float32_copy(tiny_model_dir, tmp_path, monkeypatch):

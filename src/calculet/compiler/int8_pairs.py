@@ -57,3 +57,13 @@ def pair_bounded_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes = codes.astype(np.int8)
     assert int(pair_sums(codes).max(initial=0)) <= PAIR_SUM_LIMIT
     return codes, scale.astype(np.float32)
+
+
+def column_codes(w: np.ndarray, pair_bounded: bool) -> tuple[np.ndarray, np.ndarray]:
+    """w [out, in] float32 -> (int8 codes [out, in], float32 scales [out]) per output column: pair-bounded
+    (pair_bounded_codes) for a CPU whose u8 x s8 GEMM adds pairs in 16 bits, else full range (|c| <= 127,
+    scale max|w| / 127, rounded to nearest)."""
+    if pair_bounded:
+        return pair_bounded_codes(w)
+    scale = np.maximum(np.abs(w).max(axis=1, initial=0.0), 1e-30) / 127.0                   # [out]
+    return np.clip(np.round(w / scale[:, None]), -127, 127).astype(np.int8), scale.astype(np.float32)

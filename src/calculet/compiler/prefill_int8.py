@@ -87,7 +87,7 @@ from pathlib import Path
 import numpy as np
 
 from calculet.compiler.builder import MS_DOMAIN, GraphBuilder
-from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, pair_bounded_codes
+from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, column_codes
 from calculet.compiler.quantize import INT8_ACCURACY_LEVEL, int8_block_values
 from calculet.cpu_features import FULL_INT8_RANGE, CpuFeatures
 from calculet.models.base import ModelSpec
@@ -361,11 +361,7 @@ def _add_rows8(store, record: dict, weight: str, w: np.ndarray, ids: np.ndarray,
     paired = code_range < FULL_INT8_RANGE
     inliers = w.copy()
     inliers[:, ids] = 0.0
-    if paired:
-        codes8, scale = pair_bounded_codes(inliers)
-    else:
-        scale = np.maximum(np.abs(inliers).max(axis=1), 1e-30) / 127.0                          # [out]
-        codes8 = np.clip(np.round(inliers / scale[:, None]), -127, 127).astype(np.int8)
+    codes8, scale = column_codes(inliers, paired)                                                # [out, in], [out]
     store.add(f"{weight}.rows8.weight", np.ascontiguousarray(codes8.T))                          # [in, out]
     store.add(f"{weight}.rows8.scale", scale.astype(np.float32))
     err = float(np.abs(codes8 * scale[:, None].astype(np.float64) - inliers).max(initial=0.0))

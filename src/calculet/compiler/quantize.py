@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, pair_bounded_codes
+from calculet.compiler.int8_pairs import PAIR_SUM_LIMIT, column_codes
 from calculet.compiler.weights import QuantInfo
 from calculet.cpu_features import FULL_INT8_RANGE
 from calculet.errors import RequestError
@@ -349,11 +349,7 @@ def _add_coarse_head(spec, store, record: dict, table: dict, code_range: int = F
     # along H (compiler/int8_pairs.py), which that kernel multiplies exactly. Pair-bounded codes pick
     # better candidates than 7-bit ones in the same time (COARSE8_PAIRED above).
     paired = code_range < FULL_INT8_RANGE
-    if paired:
-        codes8, scale = pair_bounded_codes(w)                                      # [V, H], [V]
-    else:
-        scale = (np.maximum(np.abs(w).max(axis=1), 1e-30) / FULL_INT8_RANGE).astype(np.float32)  # [V]
-        codes8 = np.clip(np.round(w / scale[:, None]), -FULL_INT8_RANGE, FULL_INT8_RANGE).astype(np.int8)
+    codes8, scale = column_codes(w, paired)                                        # [V, H], [V]
     store.add("lm_head.coarse8.weight", np.ascontiguousarray(codes8.T))            # [H, V]
     store.add("lm_head.coarse8.scale", scale.astype(np.float32))
     err = float(np.abs(codes8 * scale[:, None].astype(np.float64) - w).max())
