@@ -170,6 +170,19 @@ def test_pair_bounded_codes_keep_every_pair_within_the_limit():
         assert abs(int(codes[4, 10])) + abs(int(codes[4, 11])) >= PAIR_SUM_LIMIT - 1
 
 
+def test_pair_bounded_codes_in_pieces_equal_the_whole(monkeypatch):
+    """pair_bounded_codes takes COLUMNS_AT_ONCE output columns at a time (the lm_head copy's float64 temporaries):
+    every column is independent, so the pieces give the codes and scales of one pass, uneven last piece included."""
+    from calculet.compiler import int8_pairs
+
+    w = np.random.default_rng(7).standard_normal((100, 64)).astype(np.float32)
+    whole = pair_bounded_codes(w)
+    monkeypatch.setattr(int8_pairs, "COLUMNS_AT_ONCE", 16)
+    pieces = pair_bounded_codes(w)
+    assert np.array_equal(pieces[0], whole[0]) and np.array_equal(pieces[1], whole[1])
+    assert pieces[0].dtype == np.int8 and pieces[1].dtype == np.float32
+
+
 def test_column_codes_are_full_range_or_pair_bounded():
     """column_codes (the prefill-int8 rows and the coarse head's several-row copy): full range puts each live
     column's largest |value| on code 127 and rounds the rest to nearest; pair-bounded is pair_bounded_codes."""

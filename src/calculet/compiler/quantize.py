@@ -352,7 +352,7 @@ def _add_coarse_head(spec, store, record: dict, table: dict, code_range: int = F
     codes8, scale = column_codes(w, paired)                                        # [V, H], [V]
     store.add("lm_head.coarse8.weight", np.ascontiguousarray(codes8.T))            # [H, V]
     store.add("lm_head.coarse8.scale", scale.astype(np.float32))
-    err = float(np.abs(codes8 * scale[:, None].astype(np.float64) - w).max())
+    err = float(np.abs(codes8 * scale[:, None] - w).max())
     coding = f"; codes pair-bounded: |c[2j]| + |c[2j+1]| <= {PAIR_SUM_LIMIT}" if paired else ""
     record["lm_head.coarse8"] = {"kind": "int8", "block": info.k, "compute": "int8", "module": "lm_head",
                                  "exact_blocks": 0.0, "max_abs_error": err, "code_range": FULL_INT8_RANGE,
