@@ -158,3 +158,21 @@ def test_bad_decode_int8_choice(tiny_model_dir, tmp_path, capsys):
     assert code == 2
     _assert_one_line(err, "bad_option", "--decode-int8 must be one of gate-up, all, off", "'qkv'")
     _no_leftovers(tmp_path, "x.calbin")
+
+
+def test_a_full_disk_is_refused_before_weights_are_written(model_copy, tmp_path, capsys, monkeypatch):
+    """A disk with less free space than weights.bin takes: one line naming both sizes, nothing half-written
+    (instead of ENOSPC part-way through the write)."""
+    import calculet.compiler.weights as weights_module
+
+    real = shutil.disk_usage
+
+    def nearly_full(path):
+        usage = real(path)
+        return usage._replace(free=4096)
+
+    monkeypatch.setattr(weights_module.shutil, "disk_usage", nearly_full)
+    code, err = _run(capsys, "compile", str(model_copy()), "-o", str(tmp_path / "x.calbin"))
+    assert code == 2
+    _assert_one_line(err, "disk_full", "weights.bin needs", "0.00 GiB free", "-o")
+    _no_leftovers(tmp_path, "x.calbin")

@@ -6,11 +6,14 @@ and the runtime memory-maps the file once and hands the same buffers to every se
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper
+
+from calculet.errors import RequestError
 
 ALIGN = 64
 WEIGHTS_FILE = "weights.bin"
@@ -158,6 +161,7 @@ class WeightStore:
         return out
 
     def write(self, path: Path, progress=None) -> None:
+        check_free_space(path.parent, self._size, path.name)
         with open(path, "wb") as f:
             for e in self._entries.values():
                 if e.name not in self._arrays:  # an alias: its bytes are written under its base name
@@ -167,6 +171,15 @@ class WeightStore:
                 if progress is not None:
                     progress.update(e.nbytes)
             f.truncate(self._size)
+
+
+def check_free_space(folder: Path, needed: int, what: str) -> None:
+    """Refuse before writing `needed` bytes into `folder` when its file system has less free: a clear
+    error instead of a half-written file and ENOSPC (a test suite's temporary folder on a full disk, say)."""
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise RequestError("disk_full", f"writing {what} needs {needed / 2**30:.2f} GiB and {folder} has "
+                           f"{free / 2**30:.2f} GiB free: free space there or compile to another disk (-o)")
 
 
 def used_weights(model) -> list[str]:
