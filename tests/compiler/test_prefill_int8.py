@@ -525,6 +525,28 @@ def test_two_levels_keep_outliers_that_move_from_token_to_token():
     assert errors["one level"] > 20 * errors["two-level"], errors
 
 
+@pytest.mark.parametrize("code_range", [FULL_INT8_RANGE, 63])
+def test_row_scales_inside_the_int8_product_equal_a_mul_after_it(code_range):
+    """per_row_int8_linear hands the row scales to MatMulIntegerToFloat as its a_scale [R, 1]: the same
+    float32 values bit for bit as the product times the row scales in a Mul after it, row by row."""
+    rng = np.random.default_rng(4)
+    k_in, n_out, rows, name = 128, 80, 12, "model.layers.0.mlp.down_proj.weight"
+    w = rng.standard_normal((n_out, k_in)).astype(np.float32) * 0.05
+    x = rng.standard_normal((1, rows, k_in)).astype(np.float32) * rng.uniform(0.01, 50.0, (1, rows, 1)).astype(np.float32)
+    store = _store_with(w, name)
+    prefill_int8._add_rows8(store, {name: {"module": "mlp"}}, name, w, np.zeros(0, np.int64), code_range, "t", "t")
+    g = GraphBuilder("t", store)
+    g.input("x", np.dtype(np.float32), (1, rows, k_in))
+    flat = g.op("Reshape", ["x", g.const([rows, k_in])], name="/t/Rows")
+    inside = prefill_int8.per_row_int8_linear(g, flat, f"{name}.rows8", rows, "/in")
+    product, scale = prefill_int8.per_row_int8_product(g, flat, f"{name}.rows8", rows, "/after")
+    after = g.op("Mul", [product, scale], name="/after/Scaled")
+    g.output(g.op("Concat", [inside, after], name="/t/Both", axis=0), "y", np.dtype(np.float32), (2 * rows, n_out))
+    both = _run(g, store, x)
+    assert np.abs(both[:rows]).max() > 0
+    np.testing.assert_array_equal(both[:rows], both[rows:])
+
+
 class _Spec:
     """The one field add_two_level_weights reads of a ModelSpec."""
 
