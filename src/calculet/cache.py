@@ -1,14 +1,24 @@
-"""Compile-once cache: a source given to `run` or `serve` is compiled into the user cache folder and reused."""
+"""Compile-once cache: a source given to `run` or `serve` is compiled into the user cache folder and reused.
+
+Each build's key holds a fingerprint of the compiler's code, so a changed compiler never reuses an old
+build; beside each build a small file (`<build>.compiler`) records that fingerprint, and a new compile
+removes the builds of other compilers, which nothing can reuse (the default model's build is about
+0.75 GB: without this every upgrade left one more behind).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from calculet import __version__
 from calculet.calbin.manifest import MANIFEST
+
+
+COMPILER_MARK = ".compiler"   # <build>.calbin.compiler: the fingerprint of the compiler that made it
 
 
 def cache_root() -> Path:
@@ -66,7 +76,41 @@ def ensure_calbin(source: str | None, options, log=print) -> Path:
         options = _resolved(source, options, log)
     name = Path(source).name if source else "default-gemma3-270m"
     target = cache_root() / f"{name}-{_source_key(source, options)}.calbin"
+    mark = _mark(target)
     if (target / MANIFEST).is_file():
+        if not mark.is_file():   # made before builds were marked; its key holds this compiler's fingerprint
+            mark.write_text(_compiler_fingerprint())
         return target
     log(f"compiling into the cache: {target}")
-    return compile_calbin(source, target, options, log=log)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mark.write_text(_compiler_fingerprint())   # before the build appears, so a pruning neighbour keeps it
+    try:
+        out = compile_calbin(source, target, options, log=log)
+    except BaseException:
+        mark.unlink(missing_ok=True)
+        raise
+    prune_stale(target.parent, log)
+    return out
+
+
+def _mark(build: Path) -> Path:
+    return build.with_name(build.name + COMPILER_MARK)
+
+
+def prune_stale(root: Path, log=print) -> list[Path]:
+    """Remove the cached builds in `root` that another compiler made (their mark names another fingerprint,
+    or they have none: made before builds were marked). Folders being compiled (`.<name>.tmp-*`) and
+    anything that is not a calbin are left alone. Returns what was removed."""
+    current = _compiler_fingerprint()
+    removed = []
+    for build in sorted(root.glob("*.calbin")):
+        mark = _mark(build)
+        made_by = mark.read_text().strip() if mark.is_file() else None
+        if made_by == current or not (build / MANIFEST).is_file():
+            continue
+        size = sum(f.stat().st_size for f in build.rglob("*") if f.is_file())
+        shutil.rmtree(build, ignore_errors=True)
+        mark.unlink(missing_ok=True)
+        removed.append(build)
+        log(f"removed {build.name} from the cache: made by another compiler ({size / 2**30:.2f} GiB)")
+    return removed
