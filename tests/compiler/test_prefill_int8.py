@@ -287,7 +287,7 @@ def test_with_amx_prefill_runs_down_proj_as_the_two_level_int8_gemm(tiny_model_d
     for graph in ("prefill_4", "prefill_16"):
         ops = _ops(path, graph)
         assert ops["MatMulNBits"] == 0 and ops["MatMulIntegerToFloat"] == 4 * layers, ops
-        assert ops["DequantizeLinear"] == layers, ops          # one residue per down_proj
+        assert ops["Round"] == layers and ops["DequantizeLinear"] == 0, ops   # one residue per down_proj, no blocked DQ
     for graph in ("decode_1", "decode_2"):
         ops = _ops(path, graph)
         assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 4 * layers, ops
@@ -545,6 +545,41 @@ def test_row_scales_inside_the_int8_product_equal_a_mul_after_it(code_range):
     both = _run(g, store, x)
     assert np.abs(both[:rows]).max() > 0
     np.testing.assert_array_equal(both[:rows], both[rows:])
+
+
+def test_the_two_level_residue_equals_dequantizing_the_first_level():
+    """two_level_linear takes s1 q1's value as Round(x / s1) * s1 instead of the blocked DequantizeLinear (slow in
+    ONNX Runtime 1.32): the same float32 values bit for bit, half-way ties and the row's peak included."""
+    rng = np.random.default_rng(5)
+    rows, k_in = 6, 64
+    x = rng.standard_normal((rows, k_in)).astype(np.float32) * rng.uniform(0.01, 100.0, (rows, 1)).astype(np.float32)
+    s1 = (np.abs(x).max(axis=1, keepdims=True) / np.float32(127.0)).astype(np.float32)
+    x[:, :8] = (np.arange(-4, 4, dtype=np.float32) + np.float32(0.5)) * s1   # ties: round half to even
+    g = GraphBuilder("t", WeightStore())
+    g.input("x", np.dtype(np.float32), (rows, k_in))
+    scale = prefill_int8.row_scales(g, "x", "/t")
+    codes = prefill_int8.row_codes(g, "x", scale, rows, k_in, "/t/Q")
+    blocked = g.op("DequantizeLinear", [codes, scale, g.const(np.full((rows, 1), 128), np.uint8)], name="/t/DQ", axis=1,
+                   block_size=k_in)
+    rounded = g.op("Mul", [g.op("Round", [g.op("Div", ["x", scale], name="/t/Steps")], name="/t/Round"), scale], name="/t/Back")
+    g.output(g.op("Concat", [blocked, rounded], name="/t/Both", axis=0), "y", np.dtype(np.float32), (2 * rows, k_in))
+    both = _run(g, WeightStore(), x)
+    np.testing.assert_array_equal(both[:rows], both[rows:])
+
+
+def test_a_row_of_zeros_through_two_levels_gives_zeros():
+    """A zero row has s1 = s2 = 0 (no floor): its codes are arbitrary, its output exactly 0 and finite, and the
+    other rows equal themselves alone."""
+    rng = np.random.default_rng(6)
+    k_in, n_out, rows, name = 128, 32, 3, "model.layers.0.mlp.down_proj.weight"
+    store = _store_with(rng.standard_normal((n_out, k_in)).astype(np.float32) * 0.05, name)
+    prefill_int8.add_two_level_weights(_Spec(1), store, {name: {"module": "mlp"}})
+    x = rng.standard_normal((1, rows, k_in)).astype(np.float32)
+    x[0, 1] = 0.0
+    y = _linear_output(store, name, x)
+    assert np.isfinite(y).all() and not y[0, 1].any()
+    for r in (0, 2):
+        np.testing.assert_array_equal(y[0, r], _linear_output(store, name, x[:, r:r + 1])[0, 0])
 
 
 class _Spec:
