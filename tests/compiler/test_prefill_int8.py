@@ -42,6 +42,14 @@ def _ops(path, graph):
     return Counter(n.op_type for n in model.graph.node)
 
 
+def _outlier_rank(path, graph):
+    """The ranks of the outlier channels' products in `graph`: {2} fused into Gemm by ONNX Runtime, {3} kept apart
+    (prefill_int8.outlier_add_apart), set() without outlier channels."""
+    model = onnx.load(str(path / "graphs" / f"{graph}.onnx"), load_external_data=False)
+    return {next(a.i for a in n.attribute if a.name == "axis") + 1 for n in model.graph.node
+            if n.op_type == "Gather" and n.name.endswith("/OutlierChannels")}
+
+
 def _compile(model_dir, out, k, **kw):
     options = CompileOptions(lanes=2, context=64, prefill_chunks=(4, 16), golden=False, weights="default",
                              prefill_int8_outliers=k, **kw)
@@ -132,6 +140,7 @@ def test_without_an_int8_dot_the_pass_stores_pair_bounded_codes(tiny_model_dir, 
     layers = m["avx2"].model.hyperparameters.num_layers
     assert "prefill-int8" in m["avx2"].passes
     assert _ops(builds["avx2"], "prefill_16")["MatMulIntegerToFloat"] == 3 * layers
+    assert _outlier_rank(builds["avx2"], "prefill_16") == _outlier_rank(builds["vnni"], "prefill_16") == {2}
     for proj in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj"):
         name = f"model.layers.0.{proj}.weight.rows8"
         codes = {k: stored_weight(path, f"{name}.weight") for k, path in builds.items()}          # [in, out]
@@ -288,6 +297,7 @@ def test_with_amx_prefill_runs_down_proj_as_the_two_level_int8_gemm(tiny_model_d
         ops = _ops(path, graph)
         assert ops["MatMulNBits"] == 0 and ops["MatMulIntegerToFloat"] == 4 * layers, ops
         assert ops["Round"] == layers and ops["DequantizeLinear"] == 0, ops   # one residue per down_proj, no blocked DQ
+        assert _outlier_rank(path, graph) == {3}   # the outlier channels added apart from their MatMul (AMX)
     for graph in ("decode_1", "decode_2"):
         ops = _ops(path, graph)
         assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 4 * layers, ops

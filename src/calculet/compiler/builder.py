@@ -28,6 +28,7 @@ class GraphBuilder:
         self.prefill_shape: tuple[int, int] | None = None  # (lanes, tokens) of a graph on the prefill-int8 pass's rows
         self.float32_copies = True   # prefill_shape graphs run FLOAT32_PREFILL copies (False: decode keeps the blocks)
         self.int8_rows: tuple[str, ...] | None = None   # prefill_shape graphs: the weight suffixes on the int8 rows (None: all)
+        self.outlier_add_apart = False   # prefill chunks add the outlier channels as 3-D MatMul + Add (prefill_int8.outlier_add_apart)
         self._nodes = []
         self._inputs = []
         self._outputs = []

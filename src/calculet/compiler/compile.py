@@ -185,12 +185,13 @@ def _write_calbin(folder: Path, source: SourceModel, family, spec, profile: Prof
                                 G.has_row_scaled_heads(weights, options.target, options.sampling_head_k))
     builds = None
     decode_int8 = prefill_int8.decode_int8(options, isa.compile_cpu if isa is not None else None) if options.chips == 1 else ()
+    apart = isa is not None and options.chips == 1 and prefill_int8.outlier_add_apart(isa.compile_cpu)
     if options.chips > 1:  # per-chip graphs, written with their weights after the base manifest exists
         builds, schedules, head_chip = _partition_builds(spec, signatures, weights, rope, options, profile, source, family)
     else:
         for n, gs in enumerate(signatures):
             model = G.build_graph(spec, gs, weights, rope, options.target, options.fusions, options.probes,
-                                  decode_int8=decode_int8)
+                                  decode_int8=decode_int8, outlier_add_apart=apart)
             if options.probes:  # the manifest lists every output, the probes too
                 signatures[n] = gs = replace(gs, outputs=gs.outputs + G.probe_outputs(model))
             onnx.save_model(model, str(folder / gs.file))

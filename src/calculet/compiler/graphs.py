@@ -145,11 +145,13 @@ def add_rope_tables(spec: ModelSpec, context: int, weights: WeightStore) -> dict
 
 def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
                 rope_tables: dict, target: str = "cpu", fusions: frozenset[str] = frozenset(),
-                probes: bool = False, stage: Stage | None = None, decode_int8: tuple[str, ...] = ()) -> ModelProto:
+                probes: bool = False, stage: Stage | None = None, decode_int8: tuple[str, ...] = (),
+                outlier_add_apart: bool = False) -> ModelProto:
     """The graph of `gs`. With `probes` (a debug build), bodies also output every module's result
     as `probe:<HF module name>` [L, S, width], in execution order (see `probe_outputs`). With
     `decode_int8` (weight suffixes) decode bodies run those projections on the prefill-int8 pass's int8 rows
-    too (prefill_int8.decode_int8), the others on their block kernels."""
+    too (prefill_int8.decode_int8), the others on their block kernels. With `outlier_add_apart` prefill chunks add
+    the float32 outlier channels as a 3-D MatMul and Add (prefill_int8.outlier_add_apart)."""
     g = GraphBuilder(gs.name, weights, target, fusions, probes=probes and gs.type != HEAD)
     # Decode keeps the block kernels: with AMX the int8 rows were 0.91x at 8 lanes but 1.11x at one
     # (benchmarks/RESULTS.md, 2026-12-05), on a Zen 5 EPYC 0.98x and 1.04x (2026-12-06 (3)), and decode_1
@@ -157,7 +159,7 @@ def build_graph(spec: ModelSpec, gs: GraphSpec, weights: WeightStore,
     # down_proj on the blocks took 0.88x at 8 lanes and about 1.0x at one: `decode_int8` there (gate/up only
     # by default: most of the 8-lane gain for a fraction of the glue one lane pays).
     if gs.type == PREFILL:
-        g.prefill_shape = (gs.lanes, gs.tokens)
+        g.prefill_shape, g.outlier_add_apart = (gs.lanes, gs.tokens), outlier_add_apart
     elif gs.type == DECODE and decode_int8:   # every decode graph alike: batched = alone
         g.prefill_shape, g.float32_copies, g.int8_rows = (gs.lanes, gs.tokens), False, decode_int8
     for t in gs.inputs:

@@ -191,6 +191,16 @@ def two_level_prefill(cpu: CpuFeatures) -> bool:
     return cpu.x86 and cpu.has("amx_int8")
 
 
+def outlier_add_apart(cpu: CpuFeatures) -> bool:
+    """Whether prefill chunks on `cpu` add the float32 outlier channels' product as a 3-D MatMul and Add, which
+    ONNX Runtime leaves apart, rather than as 2-D ones, which it fuses into one Gemm (the same values bit for bit).
+    Apart, a 1,000-token prefill of the default model took 0.95-0.97x the time on an AMX Xeon (21-31 alternating
+    rounds, both orders), 0.99x through its no-AMX view and 1.02x through its AVX2 view; decode steps keep the
+    Gemm (through the AVX2 view the 8-lane step was 1.02x apart). So with AMX only (benchmarks/RESULTS.md,
+    2026-12-07 (8))."""
+    return two_level_prefill(cpu)
+
+
 def block8_weights(spec: ModelSpec, store, suffixes: tuple[str, ...]) -> list[str]:
     """The weights of `suffixes` (FLOAT32_PREFILL, TWO_LEVEL_PREFILL) that the store holds as 8-bit
     blocks, in layer order."""
@@ -487,10 +497,15 @@ def linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope:
     flat = g.op("Reshape", [x, g.const([rows, info.k])], name=f"{s}/Rows")                          # [R, in]
     inliers = g.op("Mul", [flat, g.const(mask, np.float32)], name=f"{s}/Inliers")
     scaled = per_row_int8_linear(g, inliers, f"{weight}.rows8", rows, s)                           # [R, out]
-    picked = g.op("Gather", [flat, g.const(ids)], name=f"{s}/OutlierChannels", axis=1)           # [R, k]
+    if tokens == 1 or not g.outlier_add_apart:   # 2-D: ONNX Runtime fuses the MatMul and Add into one Gemm
+        picked = g.op("Gather", [flat, g.const(ids)], name=f"{s}/OutlierChannels", axis=1)       # [R, k]
+        outlier = g.op("MatMul", [picked, g.weight(f"{weight}.outliers.weight")], name=f"{s}/OutlierMatMul")
+        y = g.op("Add", [scaled, outlier], name=f"{s}/Sum")                                       # [R, out]
+        return g.op("Reshape", [y, g.const([lanes, tokens, info.n])], name=f"{s}/Unflatten")
+    picked = g.op("Gather", [x, g.const(ids)], name=f"{s}/OutlierChannels", axis=2)              # [L, S, k]
     outlier = g.op("MatMul", [picked, g.weight(f"{weight}.outliers.weight")], name=f"{s}/OutlierMatMul")
-    y = g.op("Add", [scaled, outlier], name=f"{s}/Sum")                                           # [R, out]
-    return g.op("Reshape", [y, g.const([lanes, tokens, info.n])], name=f"{s}/Unflatten")
+    unflat = g.op("Reshape", [scaled, g.const([lanes, tokens, info.n])], name=f"{s}/Unflatten")
+    return g.op("Add", [unflat, outlier], name=f"{s}/Sum")                                        # [L, S, out]
 
 
 def smoothed_linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope: str) -> str:
