@@ -41,13 +41,14 @@ def _compiler_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _source_key(source: str | None, options) -> str:
+def _source_key(source: str | None, options, compiler: str) -> str:
+    """The build's key: this package's version, `compiler` (_compiler_fingerprint), the source's files and the options."""
     from calculet.sources.resolve import default_model_path
 
     path = Path(source if source is not None else default_model_path()).resolve()
     stat_of = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     fingerprint = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in stat_of]
-    blob = json.dumps({"v": __version__, "compiler": _compiler_fingerprint(), "files": fingerprint,
+    blob = json.dumps({"v": __version__, "compiler": compiler, "files": fingerprint,
                        "options": options.cache_key()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -75,21 +76,22 @@ def ensure_calbin(source: str | None, options, log=print) -> Path:
     if options.context is None:   # the key holds the context chosen now (it depends on the host's memory)
         options = _resolved(source, options, log)
     name = Path(source).name if source else "default-gemma3-270m"
-    target = cache_root() / f"{name}-{_source_key(source, options)}.calbin"
+    compiler = _compiler_fingerprint()
+    target = cache_root() / f"{name}-{_source_key(source, options, compiler)}.calbin"
     mark = _mark(target)
     if (target / MANIFEST).is_file():
         if not mark.is_file():   # made before builds were marked; its key holds this compiler's fingerprint
-            mark.write_text(_compiler_fingerprint())
+            mark.write_text(compiler)
         return target
     log(f"compiling into the cache: {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    mark.write_text(_compiler_fingerprint())   # before the build appears, so a pruning neighbour keeps it
+    mark.write_text(compiler)   # before the build appears, so a pruning neighbour keeps it
     try:
         out = compile_calbin(source, target, options, log=log)
     except BaseException:
         mark.unlink(missing_ok=True)
         raise
-    prune_stale(target.parent, log)
+    prune_stale(target.parent, compiler, log)
     return out
 
 
@@ -97,11 +99,10 @@ def _mark(build: Path) -> Path:
     return build.with_name(build.name + COMPILER_MARK)
 
 
-def prune_stale(root: Path, log=print) -> list[Path]:
-    """Remove the cached builds in `root` that another compiler made (their mark names another fingerprint,
-    or they have none: made before builds were marked). Folders being compiled (`.<name>.tmp-*`) and
-    anything that is not a calbin are left alone. Returns what was removed."""
-    current = _compiler_fingerprint()
+def prune_stale(root: Path, current: str, log=print) -> list[Path]:
+    """Remove the cached builds in `root` that another compiler than `current` (_compiler_fingerprint) made:
+    their mark names another fingerprint, or they have none (made before builds were marked). Folders being
+    compiled (`.<name>.tmp-*`) and anything that is not a calbin are left alone. Returns what was removed."""
     removed = []
     for build in sorted(root.glob("*.calbin")):
         mark = _mark(build)

@@ -497,15 +497,15 @@ def linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope:
     flat = g.op("Reshape", [x, g.const([rows, info.k])], name=f"{s}/Rows")                          # [R, in]
     inliers = g.op("Mul", [flat, g.const(mask, np.float32)], name=f"{s}/Inliers")
     scaled = per_row_int8_linear(g, inliers, f"{weight}.rows8", rows, s)                           # [R, out]
-    if tokens == 1 or not g.outlier_add_apart:   # 2-D: ONNX Runtime fuses the MatMul and Add into one Gemm
-        picked = g.op("Gather", [flat, g.const(ids)], name=f"{s}/OutlierChannels", axis=1)       # [R, k]
-        outlier = g.op("MatMul", [picked, g.weight(f"{weight}.outliers.weight")], name=f"{s}/OutlierMatMul")
-        y = g.op("Add", [scaled, outlier], name=f"{s}/Sum")                                       # [R, out]
-        return g.op("Reshape", [y, g.const([lanes, tokens, info.n])], name=f"{s}/Unflatten")
-    picked = g.op("Gather", [x, g.const(ids)], name=f"{s}/OutlierChannels", axis=2)              # [L, S, k]
+    unflatten = lambda y: g.op("Reshape", [y, g.const([lanes, tokens, info.n])], name=f"{s}/Unflatten")  # noqa: E731
+    apart = tokens > 1 and g.outlier_add_apart   # 3-D: ONNX Runtime keeps MatMul and Add apart; 2-D: one Gemm
+    if apart:
+        scaled = unflatten(scaled)                                                                # [L, S, out]
+    picked = g.op("Gather", [x if apart else flat, g.const(ids)], name=f"{s}/OutlierChannels",
+                  axis=2 if apart else 1)                                                         # [.., k]
     outlier = g.op("MatMul", [picked, g.weight(f"{weight}.outliers.weight")], name=f"{s}/OutlierMatMul")
-    unflat = g.op("Reshape", [scaled, g.const([lanes, tokens, info.n])], name=f"{s}/Unflatten")
-    return g.op("Add", [unflat, outlier], name=f"{s}/Sum")                                        # [L, S, out]
+    y = g.op("Add", [scaled, outlier], name=f"{s}/Sum")
+    return y if apart else unflatten(y)
 
 
 def smoothed_linear(g: GraphBuilder, x: str, weight: str, lanes: int, tokens: int, scope: str) -> str:

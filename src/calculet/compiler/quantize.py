@@ -359,4 +359,3 @@ def _add_coarse_head(spec, store, record: dict, table: dict, code_range: int = F
                                  **({"pair_sum": PAIR_SUM_LIMIT} if paired else {}),
                                  "role": f"candidate selection (several rows, per-column scales{coding}); "
                                          f"rescored from {head}"}
-
