@@ -80,6 +80,37 @@ def test_ring_greedy_tokens_equal_the_reference(ring_device, hf_dir, length):
     assert len(set(ref)) > 4, "degenerate reference; the test would be weak"
 
 
+def test_prefill_chunks_below_the_ring_length_attend_in_place(hf_dir, tmp_path_factory):
+    """While every position a prefill chunk writes is below the ring's R rows, ring row = position, so
+    each ring layer's prefill runs GroupQueryAttention in place (with the window); past R, the ring's
+    write and products. A prompt wholly below R writes the same K/V rows and gives the same logits as
+    the full-context build (GroupQueryAttention throughout), to float32 rounding; one whose chunks
+    fall on both sides of R follows the reference (test_ring_greedy_tokens_equal_the_reference)."""
+    from decoding import prefill
+
+    ring = _device(hf_dir, tmp_path_factory, lanes=2, context=256)
+    full = _device(hf_dir, tmp_path_factory, lanes=2, context=256, kv_rings=False)
+    try:
+        ring_layers = [i for i, n in enumerate(ring.program.manifest.kv.layer_lengths) if n == RING]
+        graph = onnx.load(str(ring.program.path / "graphs" / f"prefill_{max(CHUNKS)}.onnx"), load_external_data=False)
+        branches = {n.name: n for n in graph.graph.node if n.op_type == "If" and n.name.endswith("/attn/InRows")}
+        assert sorted(branches) == [f"/model/layers.{i}/attn/InRows" for i in ring_layers]
+        for node in branches.values():
+            then, other = (next(a.g for a in node.attribute if a.name == b) for b in ("then_branch", "else_branch"))
+            gqa = [n for n in then.node if n.op_type == "GroupQueryAttention"]
+            assert len(gqa) == 1 and {a.name: a.i for a in gqa[0].attribute}["local_window_size"] == WINDOW
+            assert "ScatterND" in {n.op_type for n in other.node}
+        prompt = _prompt(RING - 5, seed=11)   # 35 tokens: chunks 24 + 12, every position below R = 40
+        lanes = ring.lanes.allocate(), full.lanes.allocate()
+        np.testing.assert_allclose(prefill(ring, lanes[0], prompt), prefill(full, lanes[1], prompt), rtol=0, atol=1e-4)
+        for i in ring_layers:
+            for a, b in ((ring.lanes.keys[i], full.lanes.keys[i]), (ring.lanes.values[i], full.lanes.values[i])):
+                np.testing.assert_allclose(a[lanes[0], :, :len(prompt)], b[lanes[1], :, :len(prompt)], rtol=0, atol=1e-5)
+    finally:
+        ring.close()
+        full.close()
+
+
 def _run(device, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
     tokenizer = TextTokenizer.from_program(device.program)
     with LocalEngine(device, tokenizer) as local:

@@ -15,7 +15,13 @@ layer's buffer has R rows (compiler/kv_layout.py) and holds position p at row p 
 A float16 ring (--kv-dtype fp16) gets K_new/V_new cast to float16 before the write and the ring cast
 back to float32 before the products (the attention math stays float32).
 
-Prefill chunks read only the rows written so far: while no lane of the graph has reached row `limit`
+Prefill chunks over a float32 ring take GroupQueryAttention while every position the chunk writes is
+below R (the `InRows` branch): ring row = position there, so the op writes the chunk's K/V and attends in
+place with the layer's window, as the full-context build does (layers.attention). Its padding rows land
+past the lane's end, on rows no position of the lane holds yet. The chunks past R take the ring's own
+write and products, below.
+
+Those read only the rows written so far: while no lane of the graph has reached row `limit`
 of its ring (5/8 of R, on a 128-row grain), the products run on the ring's first `rows` rows, copied out
 (an If per layer: rows = max(seqlens_k) + 1 rounded up to the grain, at least two grains: ONNX Runtime's
 products over 128 rows or fewer round differently from longer ones). A ring of 640 rows at 200
@@ -69,6 +75,9 @@ class RingContext:
     write_total: str | None = None  # decode: int32 [] max(write_rows) + 1 (its total_sequence_length)
     unwrapped: str | None = None   # decode: bool [] every lane's position is below min(window, R): nothing
                                    # wrapped and nothing left the window, so attention is plain causal
+    in_rows: str | None = None     # prefill, float32 ring: bool [] every position this step writes is below R,
+                                   # so ring row = position and GroupQueryAttention works in place
+    total: str | None = None       # prefill, float32 ring: int32 [] max(seqlens_k) + 1 (its total_sequence_length)
 
 
 def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, ring: int, prefill: bool,
@@ -102,17 +111,22 @@ def build_context(g: GraphBuilder, spec, lanes: int, tokens: int, ring: int, pre
                   "unwrapped": g.op("Less", [g.op("ReduceMax", [seq], name=f"{s}/Newest", keepdims=0),
                                              g.const(min(spec.sliding_window, ring), np.int64)], name=f"{s}/Unwrapped")}
         return RingContext(ring, lanes, tokens, positions, index, real, bias, kv_dtype, **decode)
+    rows_ctx = {}
+    if prefill and kv_dtype == "float32":   # GroupQueryAttention in place while no position reaches R
+        total = g.op("Add", [g.op("ReduceMax", ["seqlens_k"], name=f"{s}/NewestRow", keepdims=0), g.const(1, np.int32)],
+                     name=f"{s}/Total")                                                            # int32 []
+        rows_ctx = {"total": total, "in_rows": g.op("LessOrEqual", [total, g.const(ring, np.int32)], name=f"{s}/InRows")}
     grain = max(1, min(GRAIN, ring // 8))
     limit = ring * 5 // 8 // grain * grain
     if limit < 2 * grain:
-        return RingContext(ring, lanes, tokens, positions, index, real, bias, kv_dtype)
+        return RingContext(ring, lanes, tokens, positions, index, real, bias, kv_dtype, **rows_ctx)
     written = g.op("Add", [g.op("ReduceMax", [seq], name=f"{s}/Longest", keepdims=1), g.const([grain])],
                    name=f"{s}/WrittenUp")                                        # max(seqlens_k) + 1 + grain - 1
     grains = g.op("Max", [g.op("Div", [written, g.const([grain])], name=f"{s}/Grains"), g.const([2])], name=f"{s}/TwoGrains")
     rows = g.op("Min", [g.op("Mul", [grains, g.const([grain])], name=f"{s}/RowsUp"), g.const([ring])], name=f"{s}/Rows")  # [1]
     short = g.op("LessOrEqual", [rows, g.const([limit])], name=f"{s}/Short")                          # [1] bool
     short_bias = g.op("Slice", [bias, g.const([0]), rows, g.const([-1])], name=f"{s}/ShortBias")
-    return RingContext(ring, lanes, tokens, positions, index, real, bias, kv_dtype, rows, short, short_bias)
+    return RingContext(ring, lanes, tokens, positions, index, real, bias, kv_dtype, rows, short, short_bias, **rows_ctx)
 
 
 def _scatter_index(g: GraphBuilder, s: str, slot: str, lanes: int, nkv: int, tokens: int) -> str:
@@ -144,7 +158,70 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
         return g.op("Transpose", [g.op("Reshape", [x, g.const([0, 0, nkv, d])], name=f"{scope}/{nm}Heads")],
                     name=f"{scope}/{nm}t", perm=[0, 2, 1, 3])
     half = ctx.kv_dtype != "float32"   # a float16 ring: this step's K/V cast on write, the ring on read
-    causal = None
+
+    def write(names: list[str]) -> list[str]:
+        """ScatterND this step's K/V into the rings (outputs `names`): the ring values after the write."""
+        new_k, new_v = heads(k, "NewK"), heads(v, "NewV")
+        if half:
+            to = helper.np_dtype_to_tensor_dtype(np.dtype(ctx.kv_dtype))
+            new_k = g.op("Cast", [new_k], name=f"{scope}/NewKCast", to=to)
+            new_v = g.op("Cast", [new_v], name=f"{scope}/NewVCast", to=to)
+        rings = []
+        for new, past, name, tag in ((new_k, past_k, names[0], "K"), (new_v, past_v, names[1], "V")):
+            if ctx.real is not None:   # padding writes back the rows it would overwrite
+                old = g.op("GatherND", [past, ctx.index], name=f"{scope}/Old{tag}")                   # [L, Nkv, S, D]
+                new = g.op("Where", [ctx.real, new, old], name=f"{scope}/Keep{tag}")
+            rings.append(g.op("ScatterND", [past, ctx.index, new], name=f"{scope}/Write{tag}", outputs=[name]))
+        return rings
+
+    def query_rows() -> str:
+        if one:
+            return g.op("Reshape", [q, g.const([lanes, nkv, group, d])], name=f"{scope}/QRows")       # [L, Nkv, g, D]
+        grouped = g.op("Transpose", [g.op("Reshape", [q, g.const([lanes, tokens, nkv, group, d])], name=f"{scope}/GroupQ")],
+                       name=f"{scope}/Qt", perm=[0, 2, 3, 1, 4])                                       # [L, Nkv, g, S, D]
+        return g.op("Reshape", [grouped, g.const([lanes, nkv, group * tokens, d])], name=f"{scope}/QRows")  # [L, Nkv, g*S, D]
+
+    def products(rows_q: str, keys: str, values: str, bias: str, tag: str) -> str:
+        """softmax(Q . K^T * scale + bias) . V over n ring rows: [L, Nkv, g*S, D]."""
+        if half:
+            keys = g.op("Cast", [keys], name=f"{scope}/RingKFloat{tag}", to=TensorProto.FLOAT)
+            values = g.op("Cast", [values], name=f"{scope}/RingVFloat{tag}", to=TensorProto.FLOAT)
+        # The g query heads of one KV head go through the products as g*S rows of one matrix, so each
+        # (lane, KV head) reads its ring once per product instead of once per query head.
+        scores = g.op("FusedMatMul", [rows_q, keys], name=f"{scope}/Scores{tag}", domain=MS_DOMAIN, transB=1,
+                      alpha=float(spec.attn_scale))                                                    # [L, Nkv, g*S, n]
+        if one:   # decode: no transposes, the bias already 4-D
+            probs = g.op("Softmax", [g.op("Add", [scores, bias], name=f"{scope}/Mask{tag}")], name=f"{scope}/Softmax{tag}",
+                         axis=-1)
+            return g.op("MatMul", [probs, values], name=f"{scope}/Attn{tag}")                          # [L, Nkv, g, D]
+        scores = g.op("Reshape", [scores, g.const([lanes, nkv, group, tokens, -1])], name=f"{scope}/Scores5{tag}")
+        probs = g.op("Softmax", [g.op("Add", [scores, bias], name=f"{scope}/Mask{tag}")], name=f"{scope}/Softmax{tag}",
+                     axis=-1)
+        probs = g.op("Reshape", [probs, g.const([lanes, nkv, group * tokens, -1])], name=f"{scope}/ProbRows{tag}")
+        return g.op("MatMul", [probs, values], name=f"{scope}/Attn{tag}")                              # [L, Nkv, g*S, D]
+
+    def merge(out: str) -> str:                                                                        # -> [L, S, N*D]
+        if one:
+            return g.op("Reshape", [out, g.const([lanes, 1, n * d])], name=f"{scope}/Merge")
+        out = g.op("Reshape", [out, g.const([lanes, nkv, group, tokens, d])], name=f"{scope}/Attn5")   # [L, Nkv, g, S, D]
+        out = g.op("Transpose", [out], name=f"{scope}/Outt", perm=[0, 3, 1, 2, 4])                     # [L, S, Nkv, g, D]
+        return g.op("Reshape", [out, g.const([0, 0, n * d])], name=f"{scope}/Merge")
+
+    def on_ring(rings: list[str]) -> str:
+        """Attention over the rings after this step's write: [L, S, N*D]."""
+        rows_q = query_rows()
+        if ctx.short is None:
+            return merge(products(rows_q, rings[0], rings[1], ctx.bias, ""))
+        # only the rows written so far while every lane is short of the limit (module docstring)
+        def first_rows() -> str:
+            cut = [g.op("Slice", [r, g.const([0]), ctx.rows, g.const([2])], name=f"{scope}/Ring{tag}Rows")
+                   for r, tag in zip(rings, "KV")]
+            return products(rows_q, cut[0], cut[1], ctx.short_bias, "Rows")
+        then = g.branch(f"{scope}/RowsWritten", first_rows, TensorProto.FLOAT)
+        whole = g.branch(f"{scope}/WholeRing", lambda: products(rows_q, rings[0], rings[1], ctx.bias, "Whole"),
+                         TensorProto.FLOAT)
+        return merge(g.op("If", [ctx.short], name=f"{scope}/ShortRing", then_branch=then, else_branch=whole))
+
     if one and ctx.write_rows is not None:
         # Decode, float32 ring: GroupQueryAttention with the ring as its in-place buffer writes each
         # lane's new K/V at row seqlens_k, so it is given the ring row (position mod R): that is the
@@ -157,66 +234,28 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
                               name=f"{scope}/RingWrite", outputs=[f"{scope}/ring_attn", present_k, present_v],
                               domain=MS_DOMAIN, num_heads=n, kv_num_heads=nkv, scale=float(spec.attn_scale),
                               do_rotary=0)                                                           # [L, 1, N*D]
-    else:
-        new_k, new_v = heads(k, "NewK"), heads(v, "NewV")
-        if half:
-            to = helper.np_dtype_to_tensor_dtype(np.dtype(ctx.kv_dtype))
-            new_k = g.op("Cast", [new_k], name=f"{scope}/NewKCast", to=to)
-            new_v = g.op("Cast", [new_v], name=f"{scope}/NewVCast", to=to)
-        rings = []
-        for new, past, present, tag in ((new_k, past_k, present_k, "K"), (new_v, past_v, present_v, "V")):
-            if ctx.real is not None:   # padding writes back the rows it would overwrite
-                old = g.op("GatherND", [past, ctx.index], name=f"{scope}/Old{tag}")                   # [L, Nkv, S, D]
-                new = g.op("Where", [ctx.real, new, old], name=f"{scope}/Keep{tag}")
-            rings.append(g.op("ScatterND", [past, ctx.index, new], name=f"{scope}/Write{tag}", outputs=[present]))
-    def query_rows() -> str:
-        if one:
-            return g.op("Reshape", [q, g.const([lanes, nkv, group, d])], name=f"{scope}/QRows")       # [L, Nkv, g, D]
-        grouped = g.op("Transpose", [g.op("Reshape", [q, g.const([lanes, tokens, nkv, group, d])], name=f"{scope}/GroupQ")],
-                       name=f"{scope}/Qt", perm=[0, 2, 3, 1, 4])                                       # [L, Nkv, g, S, D]
-        return g.op("Reshape", [grouped, g.const([lanes, nkv, group * tokens, d])], name=f"{scope}/QRows")  # [L, Nkv, g*S, D]
-    # Decode over a float32 ring needs the query rows only in the whole-ring branch: built there, so a
-    # step that takes GroupQueryAttention's result runs no reshape for nothing.
-    rows_q = None if causal is not None else query_rows()
-
-    def products(keys: str, values: str, bias: str, tag: str) -> str:
-        """softmax(Q . K^T * scale + bias) . V over n ring rows: [L, Nkv, g*S, D]."""
-        q = rows_q if rows_q is not None else query_rows()
-        if half:
-            keys = g.op("Cast", [keys], name=f"{scope}/RingKFloat{tag}", to=TensorProto.FLOAT)
-            values = g.op("Cast", [values], name=f"{scope}/RingVFloat{tag}", to=TensorProto.FLOAT)
-        # The g query heads of one KV head go through the products as g*S rows of one matrix, so each
-        # (lane, KV head) reads its ring once per product instead of once per query head.
-        scores = g.op("FusedMatMul", [q, keys], name=f"{scope}/Scores{tag}", domain=MS_DOMAIN, transB=1,
-                      alpha=float(spec.attn_scale))                                                    # [L, Nkv, g*S, n]
-        if one:   # decode: no transposes, the bias already 4-D
-            probs = g.op("Softmax", [g.op("Add", [scores, bias], name=f"{scope}/Mask{tag}")], name=f"{scope}/Softmax{tag}",
-                         axis=-1)
-            return g.op("MatMul", [probs, values], name=f"{scope}/Attn{tag}")                          # [L, Nkv, g, D]
-        scores = g.op("Reshape", [scores, g.const([lanes, nkv, group, tokens, -1])], name=f"{scope}/Scores5{tag}")
-        probs = g.op("Softmax", [g.op("Add", [scores, bias], name=f"{scope}/Mask{tag}")], name=f"{scope}/Softmax{tag}",
-                     axis=-1)
-        probs = g.op("Reshape", [probs, g.const([lanes, nkv, group * tokens, -1])], name=f"{scope}/ProbRows{tag}")
-        return g.op("MatMul", [probs, values], name=f"{scope}/Attn{tag}")                              # [L, Nkv, g*S, D]
-
-    if causal is not None:   # decode: the in-place causal attention, or the whole ring once one wrapped
         then = g.branch(f"{scope}/Causal", lambda: g.op("Identity", [causal], name=f"{scope}/CausalOut"), TensorProto.FLOAT)
-        whole = g.branch(f"{scope}/WholeRing", lambda: g.op("Reshape", [products(rings[0], rings[1], ctx.bias, "Whole"),
-                                                                       g.const([lanes, 1, n * d])], name=f"{scope}/Merge"),
+        whole = g.branch(f"{scope}/WholeRing", lambda: merge(products(query_rows(), rings[0], rings[1], ctx.bias, "Whole")),
                          TensorProto.FLOAT)
         return g.op("If", [ctx.unwrapped], name=f"{scope}/ShortRing", then_branch=then, else_branch=whole)
-    if ctx.short is None:
-        out = products(rings[0], rings[1], ctx.bias, "")
-    else:   # only the rows written so far while every lane is short of the limit (module docstring)
-        def first_rows() -> str:
-            cut = [g.op("Slice", [r, g.const([0]), ctx.rows, g.const([2])], name=f"{scope}/Ring{tag}Rows")
-                   for r, tag in zip(rings, "KV")]
-            return products(cut[0], cut[1], ctx.short_bias, "Rows")
-        then = g.branch(f"{scope}/RowsWritten", first_rows, TensorProto.FLOAT)
-        whole = g.branch(f"{scope}/WholeRing", lambda: products(rings[0], rings[1], ctx.bias, "Whole"), TensorProto.FLOAT)
-        out = g.op("If", [ctx.short], name=f"{scope}/ShortRing", then_branch=then, else_branch=whole)
-    if one:
-        return g.op("Reshape", [out, g.const([lanes, 1, n * d])], name=f"{scope}/Merge")
-    out = g.op("Reshape", [out, g.const([lanes, nkv, group, tokens, d])], name=f"{scope}/Attn5")       # [L, Nkv, g, S, D]
-    out = g.op("Transpose", [out], name=f"{scope}/Outt", perm=[0, 3, 1, 2, 4])                         # [L, S, Nkv, g, D]
-    return g.op("Reshape", [out, g.const([0, 0, n * d])], name=f"{scope}/Merge")
+    if ctx.in_rows is None:
+        return on_ring(write([present_k, present_v]))
+    # Prefill, float32 ring: while every position this step writes is below R, ring row = position, so
+    # GroupQueryAttention (its sliding window set, as the full-context build runs it: layers.attention)
+    # writes the chunk and attends in place over each lane's rows 0..seqlens_k. Past R the ring's own
+    # write and products. A lane's branch depends on its own position only (prefill graphs run one
+    # lane), and both follow the reference; a 200-token prompt (all below R) on the default model
+    # measured 0.86x the time of the products (benchmarks/RESULTS.md, 2026-12-07 (9)).
+    def in_rows() -> tuple[str, str, str]:
+        return tuple(g.op("GroupQueryAttention", [q, k, v, past_k, past_v, "seqlens_k", ctx.total], name=f"{scope}/RowsGQA",
+                          outputs=[f"{scope}/rows_attn", f"{scope}/RowsK", f"{scope}/RowsV"], domain=MS_DOMAIN,
+                          num_heads=n, kv_num_heads=nkv, scale=float(spec.attn_scale),
+                          local_window_size=int(spec.sliding_window), do_rotary=0))
+    def ring_branch() -> tuple[str, str, str]:
+        rings = write([f"{scope}/RingK", f"{scope}/RingV"])
+        return on_ring(rings), rings[0], rings[1]
+    kinds = (TensorProto.FLOAT,) * 3
+    out, _, _ = g.op("If", [ctx.in_rows], name=f"{scope}/InRows", outputs=[f"{scope}/attn_out", present_k, present_v],
+                     then_branch=g.branch(f"{scope}/RowsInPlace", in_rows, kinds),
+                     else_branch=g.branch(f"{scope}/OnRing", ring_branch, kinds))
+    return out

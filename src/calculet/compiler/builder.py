@@ -83,15 +83,17 @@ class GraphBuilder:
         return outputs[0] if len(outputs) == 1 else outputs
 
     def branch(self, name: str, build, dtype) -> GraphProto:
-        """The nodes `build()` adds, as a subgraph (an If branch) whose one output is the value
-        `build()` returns; its nodes read the enclosing graph's values by name."""
+        """The nodes `build()` adds, as a subgraph (an If branch) whose outputs are the value `build()`
+        returns (of `dtype`), or the values of the tuple it returns (of the matching dtypes of the tuple
+        `dtype`); its nodes read the enclosing graph's values by name."""
         outer, self._nodes = self._nodes, []
         try:
             value = build()
             nodes = self._nodes
         finally:
             self._nodes = outer
-        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(value, dtype, None)])
+        values, dtypes = (value, dtype) if isinstance(value, tuple) else ((value,), (dtype,))
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(v, t, None) for v, t in zip(values, dtypes)])
 
     def build(self) -> ModelProto:
         self._check_inputs_used()
@@ -115,8 +117,19 @@ class GraphBuilder:
         """Every declared input must feed a node. Not an ONNX rule, but ONNX Runtime's OpenVINO execution
         provider (1.24) binds the inputs of a graph with an unused input before its last one shifted by
         one: each later input reads the previous one's buffer, so the outputs came back NaN or garbage."""
-        read = {name for node in self._nodes for name in node.input}
+        read = _reads(self._nodes)
         unused = [v.name for v in self._inputs if v.name not in read]
         if unused:
             raise ValueError(f"graph {self.name!r} declares inputs no node reads: {unused}; "
                              "drop them from its signature")
+
+
+def _reads(nodes) -> set[str]:
+    """Every value `nodes` read, including those their subgraphs (If branches) read from outside."""
+    read = set()
+    for node in nodes:
+        read.update(node.input)
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                read |= _reads(attr.g.node)
+    return read
