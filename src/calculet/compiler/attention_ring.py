@@ -245,7 +245,7 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
     # writes the chunk and attends in place over each lane's rows 0..seqlens_k. Past R the ring's own
     # write and products. A lane's branch depends on its own position only (prefill graphs run one
     # lane), and both follow the reference; a 200-token prompt (all below R) on the default model
-    # measured 0.86x the time of the products (benchmarks/RESULTS.md, 2026-12-07 (9)).
+    # measured 0.91-0.94x the time of the products (benchmarks/RESULTS.md, 2026-12-08).
     def in_rows() -> tuple[str, str, str]:
         return tuple(g.op("GroupQueryAttention", [q, k, v, past_k, past_v, "seqlens_k", ctx.total], name=f"{scope}/RowsGQA",
                           outputs=[f"{scope}/rows_attn", f"{scope}/RowsK", f"{scope}/RowsV"], domain=MS_DOMAIN,
