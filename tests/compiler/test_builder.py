@@ -26,3 +26,17 @@ def test_build_accepts_a_graph_reading_every_input():
     g.output(g.op("Relu", [x], name="/relu"), "y", np.dtype("float32"), (2, 3))
     model = g.build()
     assert [i.name for i in model.graph.input] == ["x"]
+
+
+def test_build_counts_an_input_that_only_an_if_branch_reads():
+    """A ring layer's KV inputs are read only inside its prefill `If` branches (attention_ring.attention)."""
+    from onnx import TensorProto
+
+    g = GraphBuilder("g", WeightStore())
+    c = g.input("c", np.dtype("float32"), ())
+    x = g.input("x", np.dtype("float32"), (2, 3))   # read only inside the branches
+    flag = g.op("Greater", [c, g.const(0.0, np.float32)], name="/flag")
+    then = g.branch("then", lambda: g.op("Relu", [x], name="/relu"), TensorProto.FLOAT)
+    other = g.branch("else", lambda: g.op("Neg", [x], name="/neg"), TensorProto.FLOAT)
+    g.output(g.op("If", [flag], name="/if", then_branch=then, else_branch=other), "y", np.dtype("float32"), (2, 3))
+    assert [i.name for i in g.build().graph.input] == ["c", "x"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import GraphProto, ModelProto, helper, numpy_helper
 
+from calculet.calbin.gates.shape_functions import graph_nodes
 from calculet.compiler.weights import WeightStore, make_value_info
 
 OPSET = 21
@@ -96,7 +97,6 @@ class GraphBuilder:
         return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(v, t, None) for v, t in zip(values, dtypes)])
 
     def build(self) -> ModelProto:
-        self._check_inputs_used()
         for node in self._nodes:
             for field in (node.input, node.output):
                 for i, tensor in enumerate(field):
@@ -106,6 +106,7 @@ class GraphBuilder:
             self._nodes, self.name, self._inputs, self._outputs,
             initializer=list(self._consts.values()) + list(self._initializers.values()),
         )
+        _check_inputs_used(graph)
         opsets = [helper.make_opsetid("", OPSET)]
         if any(n.domain == MS_DOMAIN for n in self._nodes):
             opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
@@ -113,23 +114,14 @@ class GraphBuilder:
         model.ir_version = 10
         return model
 
-    def _check_inputs_used(self) -> None:
-        """Every declared input must feed a node. Not an ONNX rule, but ONNX Runtime's OpenVINO execution
-        provider (1.24) binds the inputs of a graph with an unused input before its last one shifted by
-        one: each later input reads the previous one's buffer, so the outputs came back NaN or garbage."""
-        read = _reads(self._nodes)
-        unused = [v.name for v in self._inputs if v.name not in read]
-        if unused:
-            raise ValueError(f"graph {self.name!r} declares inputs no node reads: {unused}; "
-                             "drop them from its signature")
 
-
-def _reads(nodes) -> set[str]:
-    """Every value `nodes` read, including those their subgraphs (If branches) read from outside."""
-    read = set()
-    for node in nodes:
-        read.update(node.input)
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                read |= _reads(attr.g.node)
-    return read
+def _check_inputs_used(graph: GraphProto) -> None:
+    """Every declared input must feed a node (of the graph or of an If branch). Not an ONNX rule, but ONNX
+    Runtime's OpenVINO execution provider (1.24) binds the inputs of a graph with an unused input before its
+    last one shifted by one: each later input reads the previous one's buffer, so the outputs came back NaN
+    or garbage."""
+    read = {name for node in graph_nodes(graph) for name in node.input}
+    unused = [v.name for v in graph.input if v.name not in read]
+    if unused:
+        raise ValueError(f"graph {graph.name!r} declares inputs no node reads: {unused}; "
+                         "drop them from its signature")
