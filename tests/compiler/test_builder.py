@@ -40,3 +40,30 @@ def test_build_counts_an_input_that_only_an_if_branch_reads():
     other = g.branch("else", lambda: g.op("Neg", [x], name="/neg"), TensorProto.FLOAT)
     g.output(g.op("If", [flag], name="/if", then_branch=then, else_branch=other), "y", np.dtype("float32"), (2, 3))
     assert [i.name for i in g.build().graph.input] == ["c", "x"]
+
+
+def test_build_renames_a_value_exposed_as_output_inside_if_branches_too():
+    """`output` renames the producing value instead of copying it; a branch reading that value (or
+    returning it) must read the new name, or the model names a value nothing produces."""
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    g = GraphBuilder("g", WeightStore())
+    c = g.input("c", np.dtype("float32"), ())
+    x = g.input("x", np.dtype("float32"), (2, 3))
+    flag = g.op("Greater", [c, g.const(0.0, np.float32)], name="/flag")
+    shared = g.op("Relu", [x], name="/relu")               # exposed below as output "r", read by both branches
+    then = g.branch("then", lambda: g.op("Neg", [shared], name="/neg"), TensorProto.FLOAT)
+    other = g.branch("else", lambda: shared, TensorProto.FLOAT)
+    g.output(shared, "r", np.dtype("float32"), (2, 3))
+    g.output(g.op("If", [flag], name="/if", then_branch=then, else_branch=other), "y", np.dtype("float32"), (2, 3))
+    model = g.build()
+    from calculet.calbin.gates.shape_functions import graph_nodes
+
+    assert shared not in {name for node in graph_nodes(model.graph) for name in node.input}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    xv = np.array([[1, -2, 3], [-4, 5, -6]], np.float32)
+    for cv, want in ((1.0, -np.maximum(xv, 0)), (-1.0, np.maximum(xv, 0))):
+        r, y = session.run(["r", "y"], {"c": np.array(cv, np.float32), "x": xv})
+        np.testing.assert_array_equal(r, np.maximum(xv, 0))
+        np.testing.assert_array_equal(y, want)

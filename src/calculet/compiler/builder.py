@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import GraphProto, ModelProto, helper, numpy_helper
 
-from calculet.calbin.gates.shape_functions import graph_nodes
+from calculet.calbin.gates.shape_functions import graph_nodes, subgraphs
 from calculet.compiler.weights import WeightStore, make_value_info
 
 OPSET = 21
@@ -94,18 +94,22 @@ class GraphBuilder:
         finally:
             self._nodes = outer
         values, dtypes = (value, dtype) if isinstance(value, tuple) else ((value,), (dtype,))
+        made = {o for node in nodes for o in node.output}
+        # ONNX Runtime refuses a branch output that is an enclosing graph's value: copy such a value in the branch
+        values = tuple(v if v in made else self._branch_copy(nodes, name, v) for v in values)
         return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(v, t, None) for v, t in zip(values, dtypes)])
 
+    def _branch_copy(self, nodes: list, branch: str, value: str) -> str:
+        copy = f"{branch}/copy:{value}"
+        nodes.append(helper.make_node("Identity", [value], [copy], name=copy))
+        return copy
+
     def build(self) -> ModelProto:
-        for node in self._nodes:
-            for field in (node.input, node.output):
-                for i, tensor in enumerate(field):
-                    if tensor in self._renames:
-                        field[i] = self._renames[tensor]
         graph = helper.make_graph(
             self._nodes, self.name, self._inputs, self._outputs,
             initializer=list(self._consts.values()) + list(self._initializers.values()),
         )
+        _apply_renames(graph, self._renames)
         _check_inputs_used(graph)
         opsets = [helper.make_opsetid("", OPSET)]
         if any(n.domain == MS_DOMAIN for n in self._nodes):
@@ -113,6 +117,17 @@ class GraphBuilder:
         model = helper.make_model(graph, opset_imports=opsets, producer_name="calculet")
         model.ir_version = 10
         return model
+
+
+def _apply_renames(graph: GraphProto, renames: dict[str, str]) -> None:
+    """Give every value that `output` exposed under another name that name wherever a node reads or makes
+    it: in the graph and in every If branch, whose nodes may read the enclosing graph's values."""
+    for g in subgraphs(graph):
+        for node in g.node:
+            for field in (node.input, node.output):
+                for i, tensor in enumerate(field):
+                    if tensor in renames:
+                        field[i] = renames[tensor]
 
 
 def _check_inputs_used(graph: GraphProto) -> None:
