@@ -2,18 +2,12 @@
 the difference scaled to 128 tokens (what grows with the tokens; each node also carries ~28 us of profiler overhead).
 
     python profile_16_128.py CALBIN REPEATS"""
-import collections, json, os, sys, tempfile
-import onnxruntime as ort
-from calculet.runtime.device import Device
+import collections, json, sys, tempfile
+from calculet.runtime.device import Device, DeviceConfig
 from calculet.runtime.jobs import PrefillJob
 calbin, reps = sys.argv[1], int(sys.argv[2])
-original = ort.SessionOptions
-prefix = os.path.join(tempfile.mkdtemp(), "ort")
-class Profiled(original):
-    def __init__(self):
-        super().__init__(); self.enable_profiling = True; self.profile_file_prefix = prefix
-ort.SessionOptions = Profiled
-d = Device(); d.configure(d.load(calbin)); ort.SessionOptions = original
+d = Device(DeviceConfig(threads=2, profile_dir=tempfile.mkdtemp()))   # every session writes ONNX Runtime's profile
+d.configure(d.load(calbin))
 for r in range(reps):
     for c in (16, 128):
         lane = d.lanes.allocate()
