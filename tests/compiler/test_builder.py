@@ -67,3 +67,23 @@ def test_build_renames_a_value_exposed_as_output_inside_if_branches_too():
         r, y = session.run(["r", "y"], {"c": np.array(cv, np.float32), "x": xv})
         np.testing.assert_array_equal(r, np.maximum(xv, 0))
         np.testing.assert_array_equal(y, want)
+
+
+def test_build_imports_the_microsoft_domain_when_only_a_branch_uses_it():
+    """The opset imports are read from every node, If branches included: a com.microsoft op held only
+    inside a branch (as GroupQueryAttention in a ring layer's prefill) still needs its domain imported."""
+    import onnxruntime as ort
+    from onnx import TensorProto
+
+    g = GraphBuilder("g", WeightStore())
+    c = g.input("c", np.dtype("float32"), ())
+    x = g.input("x", np.dtype("float32"), (2, 3))
+    flag = g.op("Greater", [c, g.const(0.0, np.float32)], name="/flag")
+    then = g.branch("then", lambda: g.op("Gelu", [x], name="/gelu", domain="com.microsoft"), TensorProto.FLOAT)
+    other = g.branch("else", lambda: g.op("Neg", [x], name="/neg"), TensorProto.FLOAT)
+    g.output(g.op("If", [flag], name="/if", then_branch=then, else_branch=other), "y", np.dtype("float32"), (2, 3))
+    model = g.build()
+    assert "com.microsoft" in {o.domain for o in model.opset_import}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(["y"], {"c": np.array(-1.0, np.float32), "x": np.ones((2, 3), np.float32)})
+    np.testing.assert_array_equal(y, -np.ones((2, 3), np.float32))

@@ -234,7 +234,7 @@ def attention(g: GraphBuilder, spec, layer: int, q: str, k: str, v: str, rope: t
                               name=f"{scope}/RingWrite", outputs=[f"{scope}/ring_attn", present_k, present_v],
                               domain=MS_DOMAIN, num_heads=n, kv_num_heads=nkv, scale=float(spec.attn_scale),
                               do_rotary=0)                                                           # [L, 1, N*D]
-        then = g.branch(f"{scope}/Causal", lambda: g.op("Identity", [causal], name=f"{scope}/CausalOut"), TensorProto.FLOAT)
+        then = g.branch(f"{scope}/Causal", lambda: causal, TensorProto.FLOAT)   # the branch copies it (GraphBuilder.branch)
         whole = g.branch(f"{scope}/WholeRing", lambda: merge(products(query_rows(), rings[0], rings[1], ctx.bias, "Whole")),
                          TensorProto.FLOAT)
         return g.op("If", [ctx.unwrapped], name=f"{scope}/ShortRing", then_branch=then, else_branch=whole)

@@ -96,13 +96,8 @@ class GraphBuilder:
         values, dtypes = (value, dtype) if isinstance(value, tuple) else ((value,), (dtype,))
         made = {o for node in nodes for o in node.output}
         # ONNX Runtime refuses a branch output that is an enclosing graph's value: copy such a value in the branch
-        values = tuple(v if v in made else self._branch_copy(nodes, name, v) for v in values)
+        values = tuple(v if v in made else _copy_in_branch(nodes, name, v) for v in values)
         return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(v, t, None) for v, t in zip(values, dtypes)])
-
-    def _branch_copy(self, nodes: list, branch: str, value: str) -> str:
-        copy = f"{branch}/copy:{value}"
-        nodes.append(helper.make_node("Identity", [value], [copy], name=copy))
-        return copy
 
     def build(self) -> ModelProto:
         graph = helper.make_graph(
@@ -112,11 +107,18 @@ class GraphBuilder:
         _apply_renames(graph, self._renames)
         _check_inputs_used(graph)
         opsets = [helper.make_opsetid("", OPSET)]
-        if any(n.domain == MS_DOMAIN for n in self._nodes):
+        if any(n.domain == MS_DOMAIN for n in graph_nodes(graph)):   # an If branch may hold the only one
             opsets.append(helper.make_opsetid(MS_DOMAIN, 1))
         model = helper.make_model(graph, opset_imports=opsets, producer_name="calculet")
         model.ir_version = 10
         return model
+
+
+def _copy_in_branch(nodes: list, branch: str, value: str) -> str:
+    """Append to a branch's `nodes` an Identity of the enclosing graph's `value`; the copy's name."""
+    copy = f"{branch}/copy:{value}"
+    nodes.append(helper.make_node("Identity", [value], [copy], name=copy))
+    return copy
 
 
 def _apply_renames(graph: GraphProto, renames: dict[str, str]) -> None:
